@@ -1,0 +1,61 @@
+# diprl: every target works on a fresh 2-core CPU machine with only the package registries.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-cpu
+
+# Offline, loopback-only defaults for everything run through make (tests, benchmarks, the arena).
+export HF_HUB_OFFLINE := 1
+export WANDB_MODE := offline
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+export RAY_AUTH_MODE := disabled
+export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+export VLLM_CPU_KVCACHE_SPACE := 1
+export DS_BUILD_OPS := 0
+export DS_ACCELERATOR := cpu
+export DIPRL_CACHE_DIR ?= $(CURDIR)/.cache
+export TMPDIR := $(DIPRL_CACHE_DIR)/tmp
+export TORCH_EXTENSIONS_DIR := $(DIPRL_CACHE_DIR)/torch_extensions
+export TORCHINDUCTOR_CACHE_DIR := $(DIPRL_CACHE_DIR)/inductor
+
+ARENA_ARGS ?= --hero dumbbot --opponents random --games 70 --max-year 1935
+
+.PHONY: install run arena test lint format bench clean
+
+install: $(STAMP)
+
+# The CPU stack in one venv. torch is pinned to the +cpu build (a free resolver pulls GBs of CUDA
+# wheels); torchvision & co. are removed because the PyPI builds need CUDA and break `import vllm`.
+$(STAMP): requirements/cpu.txt requirements/dev.txt requirements/constraints-cpu.txt pyproject.toml
+	@mkdir -p $(TMPDIR)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -c requirements/constraints-cpu.txt -r requirements/cpu.txt
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+run: install arena
+
+arena: install
+	@mkdir -p $(TMPDIR)
+	$(BIN)/python -m diprl.arena $(ARENA_ARGS)
+
+test: install
+	@mkdir -p $(TMPDIR)
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check diprl tests
+	$(BIN)/ruff format --check diprl tests
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff check --fix diprl tests
+	$(BIN)/ruff format diprl tests
+
+bench: install
+	@mkdir -p $(TMPDIR)
+	$(BIN)/python -m diprl.bench engine
+
+clean:
+	rm -rf $(VENV) $(DIPRL_CACHE_DIR) .pytest_cache .mypy_cache .ruff_cache
