@@ -32,5 +32,16 @@ def make_agent(name: str, seed: int = 0) -> Agent:
     return factory(seed)
 
 
-__all__ = ["BOT_NAMES", "Agent", "ChaosBot", "DefensiveBot", "DumbBot", "HoldBot", "RandomBot", "SeededAgent",
-           "TerritorialBot", "UnknownBotError", "make_agent"]
+__all__ = [
+    "BOT_NAMES",
+    "Agent",
+    "ChaosBot",
+    "DefensiveBot",
+    "DumbBot",
+    "HoldBot",
+    "RandomBot",
+    "SeededAgent",
+    "TerritorialBot",
+    "UnknownBotError",
+    "make_agent",
+]

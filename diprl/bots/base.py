@@ -17,7 +17,9 @@ class Agent(Protocol):
     def orders(self, game: DiplomacyGame, power: str) -> list[str]: ...
 
 
-def pick_adjustments(legal: PowerOrders, ranked_locs: list[str], choose_order: dict[str, str] | None = None) -> list[str]:
+def pick_adjustments(
+    legal: PowerOrders, ranked_locs: list[str], choose_order: dict[str, str] | None = None
+) -> list[str]:
     """Turn a ranking of sites (builds) or units (disbands) into exactly `n_required` orders.
 
     Builds take the first sites of the ranking (WAIVE for any the ranking leaves out); disbands

@@ -49,7 +49,9 @@ _GROUPS: dict[str, _Groups] = {}
 
 def _groups(graph: MapGraph) -> _Groups:
     if graph.name not in _GROUPS:
-        nbr, starts, owner = [], [], []
+        nbr: list[int] = []
+        starts: list[int] = []
+        owner: list[int] = []
         for node, neighbours in enumerate(graph.neighbours):
             by_province: dict[str, list[int]] = {}
             for j in neighbours:
@@ -193,7 +195,9 @@ class DumbBot(SeededAgent):
             unit = queue.popleft()
             here = unit[2:5]
             candidates = [(ev.node_move_value(unit) + 1, unit)]
-            candidates += [(ev.node_move_value(graph.nodes[j]), graph.nodes[j]) for j in graph.neighbours[graph.node_index[unit]]]
+            candidates += [
+                (ev.node_move_value(graph.nodes[j]), graph.nodes[j]) for j in graph.neighbours[graph.node_index[unit]]
+            ]
             postponed = False
             while candidates:
                 node = self.choose(candidates)

@@ -34,6 +34,12 @@ class RandomBot(SeededAgent):
         self.rng.shuffle(locs)
         return pick_adjustments(legal, locs, {loc: self.rng.choice(legal.by_loc[loc]) for loc in locs})
 
+    def retreats_or_adjustments(self, legal: PowerOrders) -> list[str]:
+        """Retreat somewhere rather than disband; adjust at random (the non-random bots' default)."""
+        if legal.kind is PhaseKind.RETREAT:
+            return [self.rng.choice(_of_kind(o, RETREAT) or list(o)) for o in legal.by_loc.values()]
+        return self.random_adjustments(legal)
+
 
 class HoldBot(RandomBot):
     """Holds every unit; retreats rather than disbands; builds and disbands at random."""
@@ -44,9 +50,7 @@ class HoldBot(RandomBot):
         legal = game.legal_orders(power)
         if legal.kind is PhaseKind.MOVEMENT:
             return [legal.default_order(loc) for loc in legal.locs]
-        if legal.kind is PhaseKind.RETREAT:
-            return [self.rng.choice(_of_kind(o, RETREAT) or list(o)) for o in legal.by_loc.values()]
-        return self.random_adjustments(legal)
+        return self.retreats_or_adjustments(legal)
 
 
 class ChaosBot(RandomBot):
@@ -64,9 +68,7 @@ class ChaosBot(RandomBot):
                 pool = moves if moves and self.rng.random() < self.move_probability else list(orders)
                 out.append(self.rng.choice(pool))
             return out
-        if legal.kind is PhaseKind.RETREAT:
-            return [self.rng.choice(_of_kind(o, RETREAT) or list(o)) for o in legal.by_loc.values()]
-        return self.random_adjustments(legal)
+        return self.retreats_or_adjustments(legal)
 
 
 class TerritorialBot(RandomBot):
@@ -77,7 +79,7 @@ class TerritorialBot(RandomBot):
     def orders(self, game: DiplomacyGame, power: str) -> list[str]:
         legal = game.legal_orders(power)
         if legal.kind is not PhaseKind.MOVEMENT:
-            return HoldBot.orders(self, game, power) if legal.kind is PhaseKind.RETREAT else self.random_adjustments(legal)
+            return self.retreats_or_adjustments(legal)
         graph = map_graph(game.engine.map_name)
         targets = frozenset(graph.supply_centres - set(game.centres(power)))
         claimed: set[str] = set()
@@ -115,7 +117,7 @@ class DefensiveBot(RandomBot):
     def orders(self, game: DiplomacyGame, power: str) -> list[str]:
         legal = game.legal_orders(power)
         if legal.kind is not PhaseKind.MOVEMENT:
-            return HoldBot.orders(self, game, power) if legal.kind is PhaseKind.RETREAT else self.random_adjustments(legal)
+            return self.retreats_or_adjustments(legal)
         mine = set(game.centres(power))
         my_units = {u[2:5]: u for u in game.units(power)}
         empty_own = mine - set(my_units)

@@ -29,7 +29,9 @@ def board_text(game: DiplomacyGame) -> str:
         line = f"{power} ({len(centres)} centres: {' '.join(centres) or 'none'}) units: {units}"
         dislodged = game.dislodged(power)
         if dislodged:
-            line += "; dislodged: " + ", ".join(f"{u} (may retreat to {' '.join(d) or 'nowhere'})" for u, d in dislodged.items())
+            line += "; dislodged: " + ", ".join(
+                f"{u} (may retreat to {' '.join(d) or 'nowhere'})" for u, d in dislodged.items()
+            )
         lines.append(line)
     neutral = sorted(c.upper() for c in game.engine.map.scs if c.upper() not in owned)
     lines.append(f"Unowned centres: {' '.join(neutral) or 'none'}")

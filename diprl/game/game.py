@@ -43,7 +43,9 @@ class PhaseRecord:
 class DiplomacyGame:
     """A game of standard Diplomacy that stops at a solo or after winter of `max_year`."""
 
-    def __init__(self, *, max_year: int = DEFAULT_MAX_YEAR, map_name: str = "standard", _engine: Game | None = None) -> None:
+    def __init__(
+        self, *, max_year: int = DEFAULT_MAX_YEAR, map_name: str = "standard", _engine: Game | None = None
+    ) -> None:
         self.max_year = max_year
         self._engine = _engine if _engine is not None else Game(map_name=map_name)
         self._history: list[PhaseRecord] = []
@@ -171,13 +173,17 @@ class DiplomacyGame:
         """An independent copy of the current state that shares this phase's legal orders."""
         engine = Game(map_name=self._engine.map_name, rules=list(self._engine.rules))
         engine.set_state(self._engine.get_state())
+        # Not part of the state: in a retreat phase the engine reports 'disband' only for units in here.
+        engine.dislodged = dict(self._engine.dislodged)
         child = DiplomacyGame(max_year=self.max_year, _engine=engine)
         child._history = list(self._history)
         child._legal = self._legal
         return child
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], *, max_year: int = DEFAULT_MAX_YEAR, map_name: str = "standard") -> DiplomacyGame:
+    def from_state(
+        cls, state: Mapping[str, Any], *, max_year: int = DEFAULT_MAX_YEAR, map_name: str = "standard"
+    ) -> DiplomacyGame:
         """Build a game at an arbitrary position (tests, replays, curricula)."""
         engine = Game(map_name=map_name)
         engine.set_state(dict(state))

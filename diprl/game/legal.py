@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from functools import cached_property
 
 from diplomacy import Game
@@ -17,7 +17,7 @@ from diplomacy import Game
 from diprl.game.orders import WAIVE
 
 
-class PhaseKind(str, Enum):
+class PhaseKind(StrEnum):
     """What a power must do this phase; adjustment phases split into builds and disbands."""
 
     MOVEMENT = "movement"

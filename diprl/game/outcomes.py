@@ -9,7 +9,7 @@ supports down and critical supports up.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from enum import Enum
+from enum import StrEnum
 
 from diprl.game.game import DiplomacyGame, PhaseRecord
 from diprl.game.orders import MOVE, SUPPORT, parse_order
@@ -17,7 +17,7 @@ from diprl.game.orders import MOVE, SUPPORT, parse_order
 SUCCESS = "success"
 
 
-class SupportVerdict(str, Enum):
+class SupportVerdict(StrEnum):
     CRITICAL = "critical"  # succeeded, and the supported order fails without it
     REDUNDANT = "redundant"  # succeeded, and the supported order succeeds without it too
     FUTILE = "futile"  # given, but the supported order failed anyway
@@ -55,7 +55,10 @@ def classify_supports(before: DiplomacyGame, record: PhaseRecord) -> dict[str, S
     successful support costs one re-adjudication of a fork (a few ms).
     """
     if before.phase != record.name or before.phase_type != "M":
-        raise ValueError(f"`before` is at {before.phase}, the record is {record.name}: classify_supports needs the movement phase's pre-state")
+        raise ValueError(
+            f"`before` is at {before.phase} but the record is of {record.name}: "
+            "classify_supports needs a fork taken before that movement phase was stepped"
+        )
     orders_by_unit: dict[str, str] = {}
     for orders in record.orders.values():
         for text in orders:

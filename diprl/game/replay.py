@@ -13,7 +13,9 @@ from diplomacy.engine.renderer import Renderer
 from diprl.game.game import DiplomacyGame
 
 
-def _phase_dict(name: str, state: Any, orders: Any, results: Any, map_name: str, rules: list[str], game_id: str) -> dict[str, Any]:
+def _phase_dict(
+    name: str, state: Any, orders: Any, results: Any, map_name: str, rules: list[str], game_id: str
+) -> dict[str, Any]:
     state = dict(state)
     state.update({"game_id": game_id, "map": map_name, "rules": rules})
     return {
@@ -28,7 +30,9 @@ def _phase_dict(name: str, state: Any, orders: Any, results: Any, map_name: str,
 def to_saved_game(game: DiplomacyGame, game_id: str = "diprl") -> dict[str, Any]:
     """The engine's saved-game format; `diplomacy.utils.export.from_saved_game_format` loads it."""
     engine = game.engine
-    rules = [r for r in engine.rules if r not in ("SOLITAIRE", "NO_DEADLINE", "CD_DUMMIES", "ALWAYS_WAIT", "IGNORE_ERRORS")]
+    rules = [
+        r for r in engine.rules if r not in ("SOLITAIRE", "NO_DEADLINE", "CD_DUMMIES", "ALWAYS_WAIT", "IGNORE_ERRORS")
+    ]
     phases = [_phase_dict(r.name, r.state, r.orders, r.results, engine.map_name, rules, game_id) for r in game.history]
     phases.append(_phase_dict(game.phase, engine.get_state(), {}, {}, engine.map_name, rules, game_id))
     return {"id": game_id, "map": engine.map_name, "rules": rules, "phases": phases}

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from diprl.game.legal import PhaseKind, PowerOrders
 from diprl.game.orders import WAIVE
 
 
-class IssueKind(str, Enum):
+class IssueKind(StrEnum):
     MALFORMED = "malformed"
     ILLEGAL = "illegal"
     DUPLICATE = "duplicate"
@@ -49,7 +49,9 @@ def validate_orders(legal: PowerOrders, submitted: Sequence[object]) -> tuple[li
         submitted = [submitted]
     if legal.kind is PhaseKind.NONE:
         for order in submitted:
-            issues.append(OrderIssue(power, IssueKind.UNORDERABLE, str(order), f"{power} has nothing to order in {legal.phase}"))
+            issues.append(
+                OrderIssue(power, IssueKind.UNORDERABLE, str(order), f"{power} has nothing to order in {legal.phase}")
+            )
         return [], issues
 
     used: dict[str, str] = {}
@@ -62,7 +64,12 @@ def validate_orders(legal: PowerOrders, submitted: Sequence[object]) -> tuple[li
             continue
         if is_adjustment and len(used) + n_waive >= legal.n_required:
             issues.append(
-                OrderIssue(power, IssueKind.EXCESS, order, f"{legal.phase} takes {legal.n_required} {legal.kind.value} order(s)")
+                OrderIssue(
+                    power,
+                    IssueKind.EXCESS,
+                    order,
+                    f"{legal.phase} takes {legal.n_required} {legal.kind.value} order(s)",
+                )
             )
             continue
         if order == WAIVE and legal.allows_waive:
@@ -71,7 +78,9 @@ def validate_orders(legal: PowerOrders, submitted: Sequence[object]) -> tuple[li
             continue
         loc = legal.loc_of.get(order)
         if loc is None:
-            issues.append(OrderIssue(power, IssueKind.ILLEGAL, order, f"not a legal order for {power} in {legal.phase}"))
+            issues.append(
+                OrderIssue(power, IssueKind.ILLEGAL, order, f"not a legal order for {power} in {legal.phase}")
+            )
             continue
         if loc in used:
             issues.append(OrderIssue(power, IssueKind.DUPLICATE, order, f"{loc} already ordered: {used[loc]!r}"))
@@ -93,6 +102,11 @@ def validate_orders(legal: PowerOrders, submitted: Sequence[object]) -> tuple[li
                 issues.append(OrderIssue(power, IssueKind.MISSING, "", "build not ordered", WAIVE))
             else:
                 issues.append(
-                    OrderIssue(power, IssueKind.MISSING, "", "disband not ordered: the engine's civil-disorder rule picks the unit")
+                    OrderIssue(
+                        power,
+                        IssueKind.MISSING,
+                        "",
+                        "disband not ordered: the engine's civil-disorder rule picks the unit",
+                    )
                 )
     return accepted, issues

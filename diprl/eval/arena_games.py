@@ -1,0 +1,139 @@
+"""Playing one game between agents, and DipNet's outcome categories for one seat of it.
+
+The arena CLI, the benchmark suite and crossplay all need the same loop (ask every orderable
+power for orders, step, repeat until the game is done) and the same reading of the result, so
+both live here, free of any CLI or multiprocessing concerns. Everything is a pure function of the
+agents (which carry their own seeds) and `max_year`, which is what makes a benchmark replayable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from diprl.bots.base import Agent
+from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
+from diprl.game.scoring import score_game
+
+_MASK64 = (1 << 64) - 1
+
+
+def seat_seed(game_seed: int, seat: int) -> int:
+    """A 32-bit seed for the agent in `seat` (power index) of the game seeded `game_seed`.
+
+    Python's `hash` is salted per process, so it cannot be used: worker processes would disagree.
+    A splitmix64 finaliser decorrelates neighbouring games and seats; 32 bits keep the result
+    valid for every RNG a bot might use (`random.Random`, `numpy.random.seed`).
+    """
+    x = (game_seed * 0x9E3779B97F4A7C15 + (seat + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return x & 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class GameRecord:
+    """The outcome of one played game, seat by seat; no reference to agents or the engine.
+
+    `final_year` is the year of the last phase actually played (a game capped at `max_year` ends
+    after that year's last phase), and `issues` counts orders the game layer had to replace: rule
+    bots must keep it at zero, a policy's count is a quality signal.
+    """
+
+    centres: dict[str, int]
+    units: dict[str, int]
+    ranks: dict[str, int]
+    sum_of_squares: dict[str, float]
+    solo: str | None
+    eliminated: tuple[str, ...]
+    phases: int
+    last_phase: str
+    final_year: int
+    issues: dict[str, int]
+    issue_kinds: dict[str, int]
+    seconds: float
+
+    @property
+    def total_issues(self) -> int:
+        return sum(self.issues.values())
+
+
+def play_game(
+    agents: Mapping[str, Agent], max_year: int = DEFAULT_MAX_YEAR, game: DiplomacyGame | None = None
+) -> GameRecord:
+    """Play `game` (a new standard game capped at `max_year` by default) to its end.
+
+    Powers are asked in sorted order each phase so that agents sharing state or an RNG still
+    replay identically. Every power needs an agent, even one eliminated early: a missing seat is a
+    configuration error, not a silent civil disorder.
+    """
+    if game is None:
+        game = DiplomacyGame(max_year=max_year)
+    missing = sorted(set(game.powers) - set(agents))
+    if missing:
+        raise ValueError(f"no agent for power(s) {', '.join(missing)}")
+    issues: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    start = time.perf_counter()
+    phases = 0
+    while not game.is_done:
+        orders = {power: agents[power].orders(game, power) for power in game.orderable_powers()}
+        record = game.step(orders)
+        phases += 1
+        for issue in record.issues:
+            issues[issue.power] += 1
+            kinds[issue.kind.value] += 1
+    seconds = time.perf_counter() - start
+    score = score_game(game)
+    last_phase = game.history[-1].name if game.history else game.phase
+    return GameRecord(
+        centres=dict(score.centres),
+        units=dict(score.units),
+        ranks=dict(score.ranks),
+        sum_of_squares=dict(score.sum_of_squares),
+        solo=score.solo,
+        eliminated=score.eliminated,
+        phases=phases,
+        last_phase=last_phase,
+        final_year=int(last_phase[1:5]),
+        issues={power: issues[power] for power in game.powers},
+        issue_kinds=dict(sorted(kinds.items())),
+        seconds=seconds,
+    )
+
+
+class Category(str, Enum):
+    """DipNet's mutually exclusive outcome of one seat (Paquette et al., 2019, table 2)."""
+
+    SOLO = "solo"
+    TOP = "top"
+    SURVIVED = "survived"
+    ELIMINATED = "eliminated"
+
+
+CATEGORIES: tuple[Category, ...] = tuple(Category)
+
+
+def categorize(record: GameRecord, power: str) -> Category:
+    """Which of DipNet's categories `power` ended the game in.
+
+    - solo: `power` itself reached a solo.
+    - top: nobody soloed and `power` has the most centres; a tie for first counts as top for every
+      tied power (DipNet's "most SC" is not split by tie-breaks), so top rates can sum above 1/7.
+    - survived: not the above, and `power` still has something on the board (units, centres, or a
+      dislodged unit): this includes surviving another power's solo.
+    - eliminated: nothing left.
+    """
+    if power not in record.centres:
+        raise ValueError(f"unknown power {power!r}")
+    if record.solo == power:
+        return Category.SOLO
+    if record.solo is None and record.centres[power] == max(record.centres.values()):
+        return Category.TOP
+    if power in record.eliminated:
+        return Category.ELIMINATED
+    return Category.SURVIVED
