@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from diprl.bots.base import Agent
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
@@ -106,7 +106,7 @@ def play_game(
     )
 
 
-class Category(str, Enum):
+class Category(StrEnum):
     """DipNet's mutually exclusive outcome of one seat (Paquette et al., 2019, table 2)."""
 
     SOLO = "solo"

@@ -27,7 +27,7 @@ def play(agent_names: dict[str, str], seed: int, max_year: int = 1935) -> tuple[
             sites = [parse_order(o).loc for o in submitted if o != "WAIVE"]
             assert len(sites) == len(set(sites)), f"two orders for one unit or site: {submitted}"
             for order in submitted:
-                assert order == "WAIVE" and legal.allows_waive or order in legal.loc_of, (order, legal.phase)
+                assert (order == "WAIVE" and legal.allows_waive) or order in legal.loc_of, (order, legal.phase)
             orders[power] = submitted
         record = game.step(orders)
         assert record.issues == (), record.issues
