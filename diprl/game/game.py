@@ -160,7 +160,7 @@ class DiplomacyGame:
         record = PhaseRecord(
             name=str(data.name),
             state=data.state,
-            orders={p: tuple(o or ()) for p, o in sorted(data.orders.items())},
+            orders={p: tuple(sorted(o or ())) for p, o in sorted(data.orders.items())},
             results={unit: tuple(str(c) for c in codes if str(c)) for unit, codes in data.results.items()},
             issues=tuple(issues),
         )

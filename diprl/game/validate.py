@@ -62,6 +62,16 @@ def validate_orders(legal: PowerOrders, submitted: Sequence[object]) -> tuple[li
         if order is None:
             issues.append(OrderIssue(power, IssueKind.MALFORMED, repr(raw), "not a non-empty string"))
             continue
+        is_waive = order == WAIVE and legal.allows_waive
+        loc = None if is_waive else legal.loc_of.get(order)
+        if loc is None and not is_waive:
+            issues.append(
+                OrderIssue(power, IssueKind.ILLEGAL, order, f"not a legal order for {power} in {legal.phase}")
+            )
+            continue
+        if loc in used:
+            issues.append(OrderIssue(power, IssueKind.DUPLICATE, order, f"{loc} already ordered: {used[loc]!r}"))
+            continue
         if is_adjustment and len(used) + n_waive >= legal.n_required:
             issues.append(
                 OrderIssue(
@@ -72,18 +82,9 @@ def validate_orders(legal: PowerOrders, submitted: Sequence[object]) -> tuple[li
                 )
             )
             continue
-        if order == WAIVE and legal.allows_waive:
+        if loc is None:  # a WAIVE
             n_waive += 1
             accepted.append(order)
-            continue
-        loc = legal.loc_of.get(order)
-        if loc is None:
-            issues.append(
-                OrderIssue(power, IssueKind.ILLEGAL, order, f"not a legal order for {power} in {legal.phase}")
-            )
-            continue
-        if loc in used:
-            issues.append(OrderIssue(power, IssueKind.DUPLICATE, order, f"{loc} already ordered: {used[loc]!r}"))
             continue
         used[loc] = order
         accepted.append(order)

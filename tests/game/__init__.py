@@ -1,0 +1,1 @@
+"""Tests of the game layer (`diprl.game`): fast, offline, pure Python."""
