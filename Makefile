@@ -20,7 +20,7 @@ export TORCHINDUCTOR_CACHE_DIR := $(DIPRL_CACHE_DIR)/inductor
 
 ARENA_ARGS ?= --hero dumbbot --opponents random --games 70 --max-year 1935
 
-.PHONY: install run arena test lint format bench clean
+.PHONY: install run arena ladder test lint format bench clean
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ run: install arena
 arena: install
 	@mkdir -p $(TMPDIR)
 	$(BIN)/python -m diprl.arena $(ARENA_ARGS)
+
+ladder: install
+	@mkdir -p $(TMPDIR)
+	$(BIN)/python -m diprl.eval.ladder --games 70
 
 test: install
 	@mkdir -p $(TMPDIR)

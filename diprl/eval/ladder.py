@@ -1,0 +1,92 @@
+"""The bot ladder: every rule bot as hero against six DumbBots and against six Random bots.
+
+    python -m diprl.eval.ladder --games 70 [--json ladder.json]
+
+Prints the markdown table the README carries, so the published numbers can be regenerated with
+one command. For each self-play row it also counts games that any power soloed, the figure
+DUMBBOT.md gives for calibrating DumbBot (about one game in five).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from diprl.arena import ArenaConfig, run_arena, summarize
+from diprl.bots import BOT_NAMES, make_agent
+from diprl.eval.stats import wilson_interval
+from diprl.game import DEFAULT_MAX_YEAR
+
+OPPONENTS = ("dumbbot", "random")
+
+
+def _rate(cell: dict[str, Any]) -> str:
+    low, high = cell["ci95"]
+    return f"{100 * cell['rate']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def ladder_rows(games: int, max_year: int, workers: int, seed: int) -> list[dict[str, Any]]:
+    rows = []
+    for opponents in OPPONENTS:
+        for hero in BOT_NAMES:
+            config = ArenaConfig(
+                hero=hero, opponents=opponents, games=games, max_year=max_year, seed=seed, workers=workers
+            )
+            start = time.perf_counter()
+            played = run_arena(config, make_agent)
+            summary = summarize(config, played, time.perf_counter() - start)
+            any_solo = sum(g.solo_winner is not None for g in played)
+            summary["any_solo"] = {
+                "count": any_solo,
+                "rate": any_solo / games,
+                "ci95": list(wilson_interval(any_solo, games)),
+            }
+            rows.append(summary)
+    return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| hero | vs 6 | solo | top | survived | eliminated | mean centres | mean SoS | games ending in any solo |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        c, cfg = r["categories"], r["config"]
+        centres = r["hero_centres"]
+        lines.append(
+            f"| {cfg['hero']} | {cfg['opponents']} | {_rate(c['solo'])} | {_rate(c['top'])} | {_rate(c['survived'])} "
+            f"| {_rate(c['eliminated'])} | {centres['mean']:.2f} [{centres['ci95'][0]:.2f}, {centres['ci95'][1]:.2f}] "
+            f"| {r['hero_sum_of_squares']['mean']:.1f} | {_rate(r['any_solo'])} |"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diprl.eval.ladder", description=__doc__.split("\n")[0])
+    parser.add_argument("--games", type=int, default=70)
+    parser.add_argument("--max-year", type=int, default=DEFAULT_MAX_YEAR)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    rows = ladder_rows(args.games, args.max_year, args.workers, args.seed)
+    print(
+        f"bot ladder: {args.games} games per row, powers rotated, stop at a solo or after winter {args.max_year}; "
+        "95% Wilson intervals for rates, bootstrap for mean centres"
+    )
+    print("\n".join(markdown_table(rows)))
+    issues = sum(r["order_issues"]["total"] for r in rows)
+    print(f"order issues over all games: {issues}; wall {time.perf_counter() - start:.0f} s")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if issues == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
