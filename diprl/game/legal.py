@@ -56,6 +56,11 @@ class PowerOrders:
         """Order text -> the province it belongs to (WAIVE excluded: it has no site)."""
         return {order: loc for loc, orders in self.by_loc.items() for order in orders}
 
+    @cached_property
+    def signature(self) -> tuple[object, ...]:
+        """Everything that determines which completions are legal: equal signatures, equal grammars."""
+        return (self.kind.value, self.n_required, tuple(self.by_loc.items()))
+
     def default_order(self, loc: str) -> str:
         """The order a unit gets when it has none: hold in movement, disband in retreats."""
         suffix = {PhaseKind.MOVEMENT: " H", PhaseKind.RETREAT: " D"}.get(self.kind)
