@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
+from typing import Any
 
 from diplomacy import Game
 
@@ -67,6 +68,32 @@ class PowerOrders:
         if suffix is None:
             return WAIVE if self.kind is PhaseKind.BUILD else ""
         return next(o for o in self.by_loc[loc] if o.endswith(suffix) and len(o.split()) == 3)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON/msgpack-safe) for requests, queues and training records."""
+        return {
+            "power": self.power,
+            "phase": self.phase,
+            "kind": self.kind.value,
+            "n_required": self.n_required,
+            "by_loc": {loc: list(orders) for loc, orders in self.by_loc.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PowerOrders:
+        """Inverse of `to_dict`; malformed data is a clear `ValueError`, never a silent default."""
+        try:
+            kind = PhaseKind(data["kind"])
+            by_loc = {str(loc): tuple(str(o) for o in orders) for loc, orders in dict(data["by_loc"]).items()}
+            n_required = int(data["n_required"])
+            power, phase = str(data["power"]), str(data["phase"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed legal-orders payload: {exc!r}") from exc
+        if n_required < 0 or (kind is not PhaseKind.NONE and not 0 < n_required <= max(len(by_loc), 1)):
+            raise ValueError(f"malformed legal-orders payload: n_required={n_required} with {len(by_loc)} locations")
+        if any(not orders for orders in by_loc.values()):
+            raise ValueError("malformed legal-orders payload: a location without legal orders")
+        return cls(power=power, phase=phase, kind=kind, by_loc=by_loc, n_required=n_required)
 
     def num_orders(self) -> int:
         """How many legal orders in total (a size measure for prompts and benchmarks)."""

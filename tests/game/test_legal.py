@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from diprl.game import DiplomacyGame, PhaseKind, compute_legal_orders
+import pytest
+
+from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, compute_legal_orders
 
 from .positions import POWERS, burgundy_retreat, position
 
@@ -203,7 +206,7 @@ def test_balanced_power_has_nothing_to_adjust() -> None:
 # -------------------------------------------------------------- hash seeds
 _HASH_SCRIPT = """
 import hashlib, random
-from diprl.game import DiplomacyGame, PhaseKind, compute_legal_orders
+from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, compute_legal_orders
 game, rng = DiplomacyGame(), random.Random(11)
 ours, raw = hashlib.sha256(), hashlib.sha256()
 while game.year <= 1902:
@@ -243,3 +246,24 @@ def test_compute_legal_orders_matches_the_cached_lists() -> None:
     game = burgundy_retreat()
     assert compute_legal_orders(game.engine) == game.all_legal_orders()
     assert game.all_legal_orders() is game.all_legal_orders()  # computed once per phase
+
+
+def test_power_orders_round_trip_through_plain_data() -> None:
+    legal = DiplomacyGame().legal_orders("RUSSIA")
+    restored = PowerOrders.from_dict(json.loads(json.dumps(legal.to_dict())))
+    assert restored == legal and restored.signature == legal.signature
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {},
+        {"power": "RUSSIA", "phase": "S1901M", "kind": "dance", "n_required": 1, "by_loc": {"MOS": ["A MOS H"]}},
+        {"power": "RUSSIA", "phase": "S1901M", "kind": "movement", "n_required": 3, "by_loc": {"MOS": ["A MOS H"]}},
+        {"power": "RUSSIA", "phase": "S1901M", "kind": "movement", "n_required": 1, "by_loc": {"MOS": []}},
+        {"power": "RUSSIA", "phase": "S1901M", "kind": "movement", "n_required": "x", "by_loc": {}},
+    ],
+)
+def test_malformed_power_orders_payload_is_a_clear_error(broken: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="malformed legal-orders payload"):
+        PowerOrders.from_dict(broken)
