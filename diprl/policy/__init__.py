@@ -1,0 +1,1 @@
+"""Policy layer: prompts, the decoding constraint and the order parser. No ray here."""

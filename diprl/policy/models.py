@@ -1,0 +1,328 @@
+"""Model presets (tiny / Qwen3-8B / Qwen3-14B) and the offline tiny Qwen3 they can point to.
+
+The embedded mode must run the whole actor/learner loop with no model hub, so the `tiny` preset
+is a real `Qwen3ForCausalLM` (same architecture, tokenizer and vocabulary width as Qwen3-8B, so
+vLLM, PEFT and the learner exercise the code paths of the cluster) with a few million random
+weights, built from a seed into the cache. Building is deterministic: the same spec gives the same
+bytes, so logprob parity tests between vLLM and the learner are reproducible anywhere.
+
+Presets are typed dataclasses. The YAML files in `conf/model/` are the editable copies Hydra
+composes (`model=tiny`); they extend the `base_model` schema registered in Hydra's ConfigStore, so a
+typo'd key or a wrong type fails at composition, and `load_preset` applies the same schema when
+read without Hydra. `BUILTIN_PRESETS` holds the same values in Python for code that has no `conf/`
+tree (tests keep the two from drifting). torch and transformers are imported only when a model is
+actually built, so reading a preset stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from diprl.policy.tokenizer import (
+    build_cached_dir,
+    cache_root,
+    fingerprint,
+    hub_offline,
+    looks_like_hub_id,
+    qwen_tokenizer_path,
+    tokenizer_fingerprint,
+)
+
+if TYPE_CHECKING:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+TINY_RECIPE_VERSION = 1
+"""Bump when `tiny_config` or the saved files change in a way the spec does not show."""
+
+ENDOFTEXT_ID = 151643
+IM_END_ID = 151645
+DTYPES = ("float32", "bfloat16", "float16")
+QWEN3_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+"""Every linear layer of a Qwen3 block; the LM head is tied to the embeddings and stays frozen."""
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+class ModelSource(StrEnum):
+    """Where the weights come from. Member names equal values so YAML can say `source: tiny`."""
+
+    tiny = "tiny"
+    hub_or_path = "hub_or_path"
+
+
+@dataclass
+class TinyModelSpec:
+    """Shape and seed of the random tiny Qwen3.
+
+    head_dim 32 because vLLM's CPU attention rejects 16; the vocabulary is Qwen3's padded 151,936
+    rows, so token ids, the logits width and the constraint masks match the real models.
+    """
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    vocab_size: int = 151936
+    seed: int = 0
+    max_position_embeddings: int = 4096
+
+
+@dataclass
+class LoraSettings:
+    """The LoRA adapter shape the learner trains and vLLM serves (`max_lora_rank` >= rank)."""
+
+    rank: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(QWEN3_LINEAR_MODULES))
+
+
+@dataclass
+class ModelPreset:
+    """One base model and its adapter shape.
+
+    `path` is a hub id or a local directory for `hub_or_path`; `tiny` is the spec for `tiny`.
+    `max_model_len` bounds prompt + completion for vLLM and the learner alike.
+    """
+
+    name: str
+    source: ModelSource
+    path: str | None = None
+    dtype: str = "bfloat16"
+    max_model_len: int = 8192
+    tiny: TinyModelSpec | None = None
+    lora: LoraSettings = field(default_factory=LoraSettings)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.source is ModelSource.tiny and self.tiny is None:
+            problems.append("source 'tiny' needs a 'tiny' spec")
+        if self.source is ModelSource.hub_or_path and not self.path:
+            problems.append("source 'hub_or_path' needs 'path' (a hub id or a local directory)")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.max_model_len <= 0:
+            problems.append(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.tiny is not None and self.max_model_len > self.tiny.max_position_embeddings:
+            problems.append(
+                f"max_model_len {self.max_model_len} exceeds the tiny model's "
+                f"max_position_embeddings {self.tiny.max_position_embeddings}"
+            )
+        if self.lora.rank <= 0 or self.lora.alpha <= 0:
+            problems.append(f"LoRA rank and alpha must be positive, got {self.lora.rank}, {self.lora.alpha}")
+        if not 0.0 <= self.lora.dropout < 1.0:
+            problems.append(f"LoRA dropout must be in [0, 1), got {self.lora.dropout}")
+        if not self.lora.target_modules:
+            problems.append("LoRA target_modules is empty")
+        if problems:
+            raise ValueError(f"model preset {self.name!r}: " + "; ".join(problems))
+
+
+# Dropout 0 everywhere: the learner recomputes logprobs that must match vLLM's behaviour
+# logprobs, and dropout noise would enter the importance ratio.
+BUILTIN_PRESETS: dict[str, ModelPreset] = {
+    "tiny": ModelPreset(
+        name="tiny",
+        source=ModelSource.tiny,
+        dtype="float32",
+        max_model_len=4096,
+        tiny=TinyModelSpec(),
+        lora=LoraSettings(rank=8, alpha=16, dropout=0.0),
+    ),
+    "qwen3_8b": ModelPreset(
+        name="qwen3_8b",
+        source=ModelSource.hub_or_path,
+        path="Qwen/Qwen3-8B",
+        dtype="bfloat16",
+        max_model_len=8192,
+        lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
+    ),
+    "qwen3_14b": ModelPreset(
+        name="qwen3_14b",
+        source=ModelSource.hub_or_path,
+        path="Qwen/Qwen3-14B",
+        dtype="bfloat16",
+        max_model_len=8192,
+        lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
+    ),
+}
+"""The presets of `conf/model/*.yaml`, for code without the conf tree (a test keeps them equal)."""
+
+
+def register_configs() -> None:
+    """Register the `base_model` schema in Hydra's ConfigStore (group `model`).
+
+    The YAML presets list it first in their defaults, so Hydra validates them against
+    `ModelPreset`. The presets themselves are not stored under their own names: Hydra 1.3 would
+    then "automatically match" each YAML file against the same-named node, a deprecated behaviour
+    that warns on every composition.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="model", name="base_model", node=ModelPreset)
+
+
+def _preset_dir(conf_dir: Path | None) -> Path:
+    return (conf_dir if conf_dir is not None else CONF_DIR) / "model"
+
+
+def known_presets(conf_dir: Path | None = None) -> list[str]:
+    """Names of the YAML presets (`conf/model/<name>.yaml`)."""
+    directory = _preset_dir(conf_dir)
+    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+
+
+def preset_from_config(cfg: Any) -> ModelPreset:
+    """A `ModelPreset` from a composed Hydra node or a plain mapping, validated against the schema.
+
+    A wrong key or type raises `ValueError` naming the offending key.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    raw = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else dict(cfg)
+    if not isinstance(raw, dict):
+        raise ValueError(f"invalid model preset: expected a mapping, got {type(raw).__name__}")
+    raw.pop("defaults", None)  # the YAML's Hydra defaults list (`base_model`, `_self_`)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ModelPreset), raw)
+        preset = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"invalid model preset: {err}") from err
+    assert isinstance(preset, ModelPreset)
+    return preset
+
+
+def load_preset(name: str, conf_dir: Path | None = None) -> ModelPreset:
+    """Read `conf/model/<name>.yaml` into a validated `ModelPreset`.
+
+    Raises `KeyError` listing the known presets for an unknown name and `ValueError` naming the file
+    and key for a typo'd key, a wrong type or an inconsistent preset.
+    """
+    from omegaconf import OmegaConf
+
+    path = _preset_dir(conf_dir) / f"{name}.yaml"
+    if not path.is_file() or "/" in name or name.startswith("."):
+        known = ", ".join(known_presets(conf_dir)) or "none"
+        raise KeyError(f"unknown model preset {name!r} (known: {known}; looked in {path.parent})")
+    try:
+        return preset_from_config(OmegaConf.load(path))
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from err
+
+
+def tiny_config(spec: TinyModelSpec) -> Qwen3Config:
+    """The Qwen3-8B configuration shrunk to `spec`: same rope, norms, ids and tied embeddings."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        max_window_layers=spec.num_hidden_layers,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        attention_bias=False,
+        tie_word_embeddings=True,
+        bos_token_id=ENDOFTEXT_ID,
+        eos_token_id=IM_END_ID,
+        architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def create_tiny_model(spec: TinyModelSpec) -> Qwen3ForCausalLM:
+    """A freshly initialised tiny Qwen3 in float32, seeded so the weights depend on `spec` only.
+
+    The global torch RNG is restored afterwards: building a model must not shift a caller's
+    random stream.
+    """
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = Qwen3ForCausalLM(tiny_config(spec))
+    return model.float().eval()
+
+
+def tiny_model_dir_name(spec: TinyModelSpec) -> str:
+    """`tiny-qwen3-<hash>`: one cache directory per distinct spec (and recipe version)."""
+    return "tiny-qwen3-" + fingerprint({"recipe": TINY_RECIPE_VERSION, "spec": asdict(spec)})[:12]
+
+
+def _write_tiny_model(spec: TinyModelSpec, out: Path) -> None:
+    import shutil
+
+    from transformers import GenerationConfig
+
+    model = create_tiny_model(spec)
+    model.save_pretrained(out, safe_serialization=True)
+    # No sampling defaults: vLLM would adopt them silently as request defaults.
+    GenerationConfig(
+        bos_token_id=ENDOFTEXT_ID, eos_token_id=[IM_END_ID, ENDOFTEXT_ID], pad_token_id=ENDOFTEXT_ID
+    ).save_pretrained(out)
+    tokenizer_dir = qwen_tokenizer_path()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tokenizer_dir / name, out / name)
+
+
+def build_tiny_model(spec: TinyModelSpec, out_dir: Path | None = None) -> Path:
+    """Directory of a loadable tiny Qwen3 checkpoint (safetensors, config, generation config,
+    tokenizer), built on first use and reused while its stamp verifies.
+
+    `out_dir` defaults to `<cache_root()>/models/tiny-qwen3-<hash of spec>`. The directory is
+    written to a temp sibling and renamed into place, so a concurrent or killed build never leaves
+    a half-written model; a changed tokenizer recipe or a corrupt file triggers a rebuild.
+    """
+    target = out_dir if out_dir is not None else cache_root() / "models" / tiny_model_dir_name(spec)
+    key = fingerprint({"recipe": TINY_RECIPE_VERSION, "spec": asdict(spec), "tokenizer": tokenizer_fingerprint()})
+    return build_cached_dir(target, key, lambda out: _write_tiny_model(spec, out))
+
+
+def resolve_model_path(preset: ModelPreset) -> Path | str:
+    """What to hand to vLLM / transformers for `preset`: a local directory, or a hub id.
+
+    The tiny model is built on demand. A real preset's `path` is used when it is a local
+    directory; otherwise it must be a hub id. With `HF_HUB_OFFLINE` set a hub id resolves only to
+    a snapshot already in the local Hugging Face cache, and anything else is a clear error here
+    rather than a network timeout deep inside vLLM.
+    """
+    if preset.source is ModelSource.tiny:
+        if preset.tiny is None:
+            raise ValueError(f"model preset {preset.name!r}: source 'tiny' needs a 'tiny' spec")
+        return build_tiny_model(preset.tiny)
+    if not preset.path:
+        raise ValueError(f"model preset {preset.name!r}: source 'hub_or_path' needs 'path'")
+    local = Path(preset.path).expanduser()
+    if local.is_dir():
+        return local
+    if not looks_like_hub_id(preset.path):
+        raise FileNotFoundError(f"model preset {preset.name!r}: local model directory {preset.path!r} does not exist")
+    if not hub_offline():
+        return preset.path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(preset.path, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError) as err:
+        raise FileNotFoundError(
+            f"model preset {preset.name!r}: {preset.path!r} is neither a local directory nor in the local "
+            f"Hugging Face cache, and HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')} forbids downloading it. "
+            "Set the preset's path to a local checkout, or unset HF_HUB_OFFLINE where the hub is reachable."
+        ) from err
+
+
+register_configs()
