@@ -1,0 +1,235 @@
+"""Chat prompts for the order policy, laid out so the prefix cache does most of the work.
+
+A phase asks all seven powers of every fork of one decision state for orders, so the text is
+ordered from the most shared to the least: the rules (identical for every request), then the board
+(identical for every power and every fork of a phase), then the few lines that name the power and
+what it must order. The Qwen3 chat format is written here by hand rather than through a tokenizer's
+chat template, so the shared part is byte-identical whatever tokenizer or template version is used.
+
+The assistant turn is primed with `<orders>\\n` (after an empty think block, which is how Qwen3
+marks thinking as off), so the completion starts with the first order line, the form the decoding
+constraint expects. With `thinking=True` the turn is opened with `<think>\\n` instead: the model
+reasons, closes `</think>`, and then writes `<orders>` itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import fmean
+from typing import Any, Protocol
+
+from diprl.game.board_text import board_text, last_phase_text
+from diprl.game.game import DiplomacyGame
+from diprl.game.legal import PhaseKind, PowerOrders
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+OPEN_TAG = "<orders>"
+CLOSE_TAG = "</orders>"
+# Qwen3's template renders `enable_thinking=False` as an empty think block in the assistant turn.
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+OPEN_THINK = "<think>\n"
+
+RULES = f"""You play no-press Diplomacy on the standard map: no messages, only orders. Each phase you \
+see the board and give orders for your units. Aim: control as many supply centres as possible; 18 \
+wins the game.
+Orders use A (army) or F (fleet), 3-letter province codes and a coast where needed (STP/NC). Examples:
+A PAR H (hold)
+A PAR - BUR (move)
+A PAR S A MAR - BUR (support a move)
+A PAR S F BRE (support a hold)
+F ENG C A LON - BRE (convoy)
+A LON - BRE VIA (move by convoy)
+A PAR R GAS (retreat)
+A PAR D (disband)
+A PAR B (build an army)
+F STP/NC B (build a fleet)
+WAIVE (skip a build)
+Write only legal orders, exactly one per line, between {OPEN_TAG} and {CLOSE_TAG}, and nothing else."""
+
+
+class NothingToOrderError(ValueError):
+    """Raised when a prompt is asked for a power that has nothing to order this phase."""
+
+
+class PromptTooLongError(ValueError):
+    """Raised when a prompt exceeds its token budget: a silent truncation would cut the board."""
+
+    def __init__(self, power: str, phase: str, n_tokens: int, max_tokens: int) -> None:
+        super().__init__(
+            f"prompt for {power} at {phase} has {n_tokens} tokens, over the budget of {max_tokens} "
+            f"(by {n_tokens - max_tokens})"
+        )
+        self.power = power
+        self.phase = phase
+        self.n_tokens = n_tokens
+        self.max_tokens = max_tokens
+
+
+class TextEncoder(Protocol):
+    """The one tokenizer method counting needs; a Hugging Face tokenizer satisfies it."""
+
+    def encode(self, text: str) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """What goes into a prompt. `unit_hints` adds each unit's number of legal orders, which tells
+    the model how much choice it has without spending tokens on the lists themselves."""
+
+    thinking: bool = False
+    unit_hints: bool = True
+    include_last_phase: bool = True
+    max_prompt_tokens: int = 1536
+
+
+DEFAULT_PROMPT_OPTIONS = PromptOptions()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A full chat-formatted prompt and its sections (kept so their lengths can be reported)."""
+
+    text: str
+    rules: str
+    board: str
+    power_part: str
+    power: str
+    phase: str
+
+    @property
+    def shared_prefix(self) -> str:
+        """The part identical for every power and fork of this phase (what the prefix cache shares)."""
+        return chat_prefix(self.rules, self.board)
+
+
+def chat_prefix(rules: str, board: str) -> str:
+    """System message plus the opening of the user turn up to and including the board."""
+    return f"{IM_START}system\n{rules}{IM_END}\n{IM_START}user\n{board}\n\n"
+
+
+def assistant_opening(thinking: bool) -> str:
+    """How the assistant turn starts: primed with the orders tag, or open for reasoning."""
+    return f"{IM_START}assistant\n" + (OPEN_THINK if thinking else f"{EMPTY_THINK}{OPEN_TAG}\n")
+
+
+def board_section(game: DiplomacyGame, include_last_phase: bool = True) -> str:
+    """The board as every power sees it; nothing power-specific may ever be added here."""
+    parts = [board_text(game)]
+    if include_last_phase:
+        parts.append(last_phase_text(game))
+    return "\n\n".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _unit_at(legal: PowerOrders, loc: str) -> str:
+    """The unit text ("F STP/SC") of an orderable province, read off its first legal order."""
+    return " ".join(legal.by_loc[loc][0].split()[:2])
+
+
+def _instruction(legal: PowerOrders) -> str:
+    n = legal.n_required
+    if legal.kind is PhaseKind.MOVEMENT:
+        return f"Movement: give exactly one order for each of your {_plural(n, 'unit')}."
+    if legal.kind is PhaseKind.RETREAT:
+        return (
+            f"Retreats: give exactly one order for each of your {_plural(n, 'dislodged unit')}: "
+            "retreat (R) or disband (D)."
+        )
+    if legal.kind is PhaseKind.BUILD:
+        sites = ", ".join(legal.locs)
+        return (
+            f"Builds: you may build {_plural(n, 'unit')} at your vacant home centres {sites}; "
+            "write WAIVE for a build you skip."
+        )
+    if legal.kind is PhaseKind.DISBAND:
+        return f"Disbands: remove exactly {_plural(n, 'unit')}."
+    raise NothingToOrderError(f"{legal.power} has nothing to order in {legal.phase}")
+
+
+def _listing(legal: PowerOrders, unit_hints: bool) -> str:
+    if legal.kind is PhaseKind.BUILD:
+        heading, names = "Build sites", list(legal.locs)
+    else:
+        heading = "Your dislodged units" if legal.kind is PhaseKind.RETREAT else "Your units"
+        names = [_unit_at(legal, loc) for loc in legal.locs]
+    if not unit_hints:
+        return f"{heading}: {', '.join(names)}."
+    lines = [f"{heading} (legal orders each):"]
+    lines += [
+        f"{name} ({_plural(len(legal.by_loc[loc]), 'legal order')})"
+        for name, loc in zip(names, legal.locs, strict=True)
+    ]
+    return "\n".join(lines)
+
+
+def power_section(legal: PowerOrders, unit_hints: bool = True) -> str:
+    """Who the model plays, what the phase asks of it and the exact output format."""
+    n = legal.n_required
+    return "\n".join(
+        [
+            f"You are {legal.power}.",
+            _instruction(legal),
+            _listing(legal, unit_hints),
+            f"Write exactly {_plural(n, 'order')}, one per line, between {OPEN_TAG} and {CLOSE_TAG}.",
+        ]
+    )
+
+
+def build_prompt(game: DiplomacyGame, power: str, options: PromptOptions = DEFAULT_PROMPT_OPTIONS) -> Prompt:
+    """The prompt asking `power` for its orders in the game's current phase."""
+    legal = game.legal_orders(power)
+    board = board_section(game, options.include_last_phase)
+    power_part = power_section(legal, options.unit_hints)
+    text = f"{chat_prefix(RULES, board)}{power_part}{IM_END}\n{assistant_opening(options.thinking)}"
+    return Prompt(text=text, rules=RULES, board=board, power_part=power_part, power=legal.power, phase=legal.phase)
+
+
+def count_tokens(tokenizer: TextEncoder, text: str) -> int:
+    return len(tokenizer.encode(text))
+
+
+def check_budget(prompt: Prompt, tokenizer: TextEncoder, max_tokens: int) -> int:
+    """Return the prompt's token count, or fail loudly when it is over `max_tokens`.
+
+    Callers pass `PromptOptions.max_prompt_tokens`; the check is separate from `build_prompt` so
+    building stays tokenizer-free and cheap.
+    """
+    n = count_tokens(tokenizer, prompt.text)
+    if n > max_tokens:
+        raise PromptTooLongError(prompt.power, prompt.phase, n, max_tokens)
+    return n
+
+
+SECTIONS = ("rules", "board", "power_part", "total")
+
+
+def prompt_token_report(prompts: Sequence[Prompt], tokenizer: TextEncoder) -> dict[str, Any]:
+    """Token counts per section (min/mean/max over `prompts`) and the number of prompts.
+
+    `total` is the whole chat text, so it also counts the chat markup around the sections. Equal
+    strings are encoded once: the rules and the board repeat across powers.
+    """
+    if not prompts:
+        raise ValueError("prompt_token_report needs at least one prompt")
+    cache: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        if text not in cache:
+            cache[text] = count_tokens(tokenizer, text)
+        return cache[text]
+
+    counts: dict[str, list[int]] = {name: [] for name in SECTIONS}
+    for prompt in prompts:
+        counts["rules"].append(count(prompt.rules))
+        counts["board"].append(count(prompt.board))
+        counts["power_part"].append(count(prompt.power_part))
+        counts["total"].append(count(prompt.text))
+    report: dict[str, Any] = {"n": len(prompts)}
+    for name, values in counts.items():
+        report[name] = {"min": min(values), "mean": fmean(values), "max": max(values)}
+    return report
