@@ -1,0 +1,1 @@
+"""Inference: the vLLM engine with the order constraint (and, next, the PolicyServer and adapters)."""

@@ -1,0 +1,158 @@
+"""A vLLM engine set up for order generation, and a batch helper that returns what RL needs.
+
+Every request in a batch carries its own legal orders, so the seven powers of a phase, the forks
+of a group and free (unconstrained) baselines all go through one `generate` call. Behaviour
+log-probabilities are vLLM's processed ones: after the order mask and the temperature, i.e. of
+the distribution actually sampled, which is what the learner's importance ratio must compare to.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from diprl.game.legal import PowerOrders
+from diprl.policy.parser import ParsedOrders, legal_complete, parse_orders
+
+# Settings every engine here needs; see ../shared/FACTS.md.
+ENGINE_ENV = {
+    # GPU builds default to Model Runner V2, whose logits-processor interface differs: pin V1.
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+    # In-process engine core: 9 s start instead of 30 s on CPU, and the processor runs in-process.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+
+
+def engine_env() -> dict[str, str]:
+    """Apply the engine settings to this process (explicit environment values win) and return them."""
+    for key, value in ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in ENGINE_ENV}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    enable_lora: bool = False
+    max_lora_rank: int = 8
+    max_loras: int = 4
+    max_num_seqs: int = 64
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_llm(config: EngineConfig) -> Any:
+    """An offline `vllm.LLM` with the order constraint installed and processed logprobs."""
+    engine_env()
+    from vllm import LLM  # imported late: `import vllm` costs seconds
+
+    from diprl.inference.logits_processor import OrderConstraintLogitsProcessor
+
+    kwargs: dict[str, Any] = dict(
+        model=str(config.model),
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        seed=config.seed,
+        enable_prefix_caching=config.enable_prefix_caching,
+        logits_processors=[OrderConstraintLogitsProcessor],
+        logprobs_mode="processed_logprobs",
+        # Ignore sampling defaults in the model's generation_config.json (Qwen3 ships temperature 0.6,
+        # top_p 0.95, top_k 20): the learner recomputes logprobs assuming exactly our parameters.
+        generation_config="vllm",
+        max_num_seqs=config.max_num_seqs,
+    )
+    if config.enable_lora:
+        kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras)
+    kwargs.update(config.extra)
+    return LLM(**kwargs)
+
+
+@dataclass(frozen=True)
+class OrderRequest:
+    """One seat's decision: a prompt (text from `build_prompt`, or token ids) and its legal orders."""
+
+    prompt: str | Sequence[int]
+    legal: PowerOrders
+    constrained: bool = True
+    reasoning_max_tokens: int | None = None
+    lora_request: Any = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]  # of each sampled token under the masked, tempered distribution
+    text: str
+    parsed: ParsedOrders
+    complete: bool  # exactly one legal order per unit (or n_required adjustments), closed
+    finish_reason: str
+
+    @property
+    def orders(self) -> list[str]:
+        return self.parsed.orders
+
+
+def sampling_params(request: OrderRequest, temperature: float, max_tokens: int) -> Any:
+    """Sampling exactly as the learner assumes it: plain temperature sampling, no top-p/top-k.
+
+    No per-request seed: vLLM's CPU build cannot use seeded per-request generators with chunked
+    prefill ("CPU Generator does not use offset"); runs are reproducible through the engine seed.
+    """
+    from vllm import SamplingParams
+
+    from diprl.inference.logits_processor import constraint_args
+
+    extra = constraint_args(request.legal, request.reasoning_max_tokens) if request.constrained else None
+    return SamplingParams(
+        temperature=temperature,
+        top_p=1.0,
+        top_k=0,
+        max_tokens=max_tokens,
+        logprobs=0,  # the sampled token's own logprob
+        skip_special_tokens=True,
+        extra_args=extra,
+    )
+
+
+def generate_orders(
+    llm: Any,
+    requests: Sequence[OrderRequest],
+    *,
+    temperature: float = 1.0,
+    max_tokens: int = 384,
+) -> list[Generation]:
+    """Run a batch of order requests through the engine and parse each completion."""
+    if not requests:
+        return []
+    prompts: list[Any] = [
+        {"prompt_token_ids": list(r.prompt)} if not isinstance(r.prompt, str) else r.prompt for r in requests
+    ]
+    params = [sampling_params(r, temperature, max_tokens) for r in requests]
+    loras = [r.lora_request for r in requests]
+    outputs = llm.generate(prompts, params, lora_request=loras if any(loras) else None, use_tqdm=False)
+    out = []
+    for request, result in zip(requests, outputs, strict=True):
+        completion = result.outputs[0]
+        token_ids = list(completion.token_ids)
+        steps = completion.logprobs or []
+        logprobs = [float(step[token].logprob) for token, step in zip(token_ids, steps, strict=True)]
+        parsed = parse_orders(completion.text, request.legal)
+        out.append(
+            Generation(
+                prompt_ids=list(result.prompt_token_ids or []),
+                token_ids=token_ids,
+                logprobs=logprobs,
+                text=completion.text,
+                parsed=parsed,
+                complete=legal_complete(parsed, request.legal),
+                finish_reason=str(completion.finish_reason),
+            )
+        )
+    return out

@@ -1,0 +1,104 @@
+"""vLLM V1 logits processor that applies `OrderConstraint` to each request that asks for it.
+
+A request opts in through `SamplingParams.extra_args[CONSTRAINT_KEY]`, a dict with the power's legal
+orders (`PowerOrders.to_dict()`) and optionally `reasoning_max_tokens`. Requests without it pass
+through untouched, so constrained and free requests share a batch.
+
+This is the interface of vLLM's V1 model runner (`update_state(BatchUpdate)`, `apply(logits)`), which
+the CPU build runs. GPU builds from mid-2026 default to Model Runner V2 with another interface and
+reject this class with a clear error; GPU runs therefore set `VLLM_USE_V2_MODEL_RUNNER=0` (see
+`diprl.inference.engine.engine_env` and docker/Dockerfile), so CPU and GPU run the same code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from diprl.game.legal import PowerOrders
+from diprl.policy.constraint import OrderConstraint, ReasoningOptions
+from diprl.policy.tokenizer import load_tokenizer
+from diprl.policy.vocab import TokenTable, token_table
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+CONSTRAINT_KEY = "diprl_orders"
+
+
+def constraint_args(legal: PowerOrders, reasoning_max_tokens: int | None = None) -> dict[str, Any]:
+    """The `extra_args` a request needs to be decoded under the order constraint."""
+    payload: dict[str, Any] = {"legal": legal.to_dict()}
+    if reasoning_max_tokens is not None:
+        payload["reasoning_max_tokens"] = int(reasoning_max_tokens)
+    return {CONSTRAINT_KEY: payload}
+
+
+def _parse(payload: Any) -> tuple[PowerOrders, ReasoningOptions | None]:
+    if not isinstance(payload, dict) or "legal" not in payload:
+        raise ValueError(f"extra_args[{CONSTRAINT_KEY!r}] must be a dict with 'legal' (PowerOrders.to_dict())")
+    legal = PowerOrders.from_dict(payload["legal"])
+    budget = payload.get("reasoning_max_tokens")
+    if budget is not None and (not isinstance(budget, int) or budget < 0):
+        raise ValueError(f"reasoning_max_tokens must be a non-negative int, got {budget!r}")
+    return legal, None if budget is None else ReasoningOptions(max_tokens=budget)
+
+
+class OrderConstraintLogitsProcessor(LogitsProcessor):
+    """Masks every token the order grammar does not allow next, row by row, in one scatter."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        args = sampling_params.extra_args or {}
+        if CONSTRAINT_KEY in args:
+            _parse(args[CONSTRAINT_KEY])  # a clear error at the API boundary, not mid-batch
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
+        model_config = vllm_config.model_config
+        tokenizer = load_tokenizer(model_config.tokenizer)
+        self.table: TokenTable = token_table(tokenizer, model_config.get_vocab_size())
+        self.device = device
+        self.rows: dict[int, tuple[OrderConstraint, list[int]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self.rows.pop(index, None)
+        for index, params, _prompt_ids, output_ids in batch_update.added:
+            args = params.extra_args or {}
+            if CONSTRAINT_KEY in args:
+                legal, reasoning = _parse(args[CONSTRAINT_KEY])
+                self.rows[index] = (OrderConstraint(legal, self.table, reasoning), output_ids)
+            else:
+                self.rows.pop(index, None)
+        for src, dst, direction in batch_update.moved:
+            a, b = self.rows.pop(src, None), self.rows.pop(dst, None)
+            if a is not None:
+                self.rows[dst] = a
+            if direction == MoveDirectionality.SWAP and b is not None:
+                self.rows[src] = b
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.rows:
+            return logits
+        indices = sorted(self.rows)
+        allowed = [self.rows[i][0].allowed_token_ids(self.rows[i][1]) for i in indices]
+        # A finished request is normally retired on EOS; if a step still comes, keep EOS open
+        # rather than masking the whole row (an all -inf row is NaN after softmax).
+        allowed = [a if len(a) else np.array([self.table.eos_id], dtype=np.int64) for a in allowed]
+        rows = torch.tensor(indices, dtype=torch.long, device=logits.device)
+        counts = torch.tensor([len(a) for a in allowed], dtype=torch.long, device=logits.device)
+        cols = torch.from_numpy(np.concatenate(allowed)).to(logits.device)
+        row_of_col = torch.repeat_interleave(rows, counts)
+        kept = logits[row_of_col, cols]
+        logits.index_fill_(0, rows, float("-inf"))
+        logits[row_of_col, cols] = kept
+        return logits
