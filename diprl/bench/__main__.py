@@ -14,6 +14,7 @@ import sys
 # name -> module (relative to this package) exposing `main(argv: list[str] | None) -> int`.
 BENCHMARKS: dict[str, str] = {
     "engine": "diprl.bench.engine",
+    "constraint": "diprl.bench.constraint",
 }
 
 

@@ -99,7 +99,7 @@ class Generation:
         return self.parsed.orders
 
 
-def sampling_params(request: OrderRequest, temperature: float, max_tokens: int) -> Any:
+def sampling_params(request: OrderRequest, temperature: float, max_tokens: int, **overrides: Any) -> Any:
     """Sampling exactly as the learner assumes it: plain temperature sampling, no top-p/top-k.
 
     No per-request seed: vLLM's CPU build cannot use seeded per-request generators with chunked
@@ -118,6 +118,7 @@ def sampling_params(request: OrderRequest, temperature: float, max_tokens: int) 
         logprobs=0,  # the sampled token's own logprob
         skip_special_tokens=True,
         extra_args=extra,
+        **overrides,
     )
 
 

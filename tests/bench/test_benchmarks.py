@@ -21,3 +21,10 @@ def test_unknown_benchmark_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["nope"])
     assert exc.value.code == 2
+
+
+def test_constraint_benchmark_model_free_part_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["constraint", "--states", "8", "--batch", "4", "--skip-vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "8 movement states with 8+ units" in out
+    assert re.search(r"mask ids per step, batch 4: mean \d+\.\d+ ms", out)
