@@ -172,3 +172,40 @@ def test_reasoning_then_orders(index: int, seed: int, budget: int) -> None:
     assert sep, f"no open tag in {text!r}"
     assert "<orders>" not in head
     check_complete(tail, legal)
+
+
+@pytest.fixture(scope="module")
+def qwen() -> tuple[object, TokenTable]:
+    from diprl.policy.tokenizer import load_tokenizer
+    from diprl.policy.vocab import token_table
+
+    tokenizer = load_tokenizer()
+    return tokenizer, token_table(tokenizer, 151936)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(index=st.integers(0, len(STATES) - 1), seed=st.integers(0, 2**32 - 1))
+def test_random_walks_under_the_real_qwen_vocabulary_round_trip(
+    qwen: tuple[object, TokenTable], index: int, seed: int
+) -> None:
+    """Real BPE: every walk is a legal order set, and the tokenizer decodes the ids to that exact text,
+    which the unconstrained parser reads back as complete and legal."""
+    from diprl.policy.parser import legal_complete, parse_orders
+
+    tokenizer, table = qwen
+    legal = STATES[index]
+    constraint = OrderConstraint(legal, table)
+    rng = random.Random(seed)
+    ids: list[int] = []
+    while True:
+        allowed = constraint.allowed_token_ids(ids)
+        if constraint.done:
+            break
+        ids.append(int(rng.choice(list(allowed))))
+    text = tokenizer.decode(ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+    assert text == "".join(table.texts[i] or "" for i in ids[:-1])
+    lines = check_complete(text, legal)
+    parsed = parse_orders(text, legal)
+    assert legal_complete(parsed, legal) and parsed.orders == [line for line in lines]
