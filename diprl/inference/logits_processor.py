@@ -21,6 +21,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from diprl.game.legal import PowerOrders
 from diprl.policy.constraint import OrderConstraint, ReasoningOptions
+from diprl.policy.logprobs import mask_rows_
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import TokenTable, token_table
 
@@ -94,11 +95,4 @@ class OrderConstraintLogitsProcessor(LogitsProcessor):
         # A finished request is normally retired on EOS; if a step still comes, keep EOS open
         # rather than masking the whole row (an all -inf row is NaN after softmax).
         allowed = [a if len(a) else np.array([self.table.eos_id], dtype=np.int64) for a in allowed]
-        rows = torch.tensor(indices, dtype=torch.long, device=logits.device)
-        counts = torch.tensor([len(a) for a in allowed], dtype=torch.long, device=logits.device)
-        cols = torch.from_numpy(np.concatenate(allowed)).to(logits.device)
-        row_of_col = torch.repeat_interleave(rows, counts)
-        kept = logits[row_of_col, cols]
-        logits.index_fill_(0, rows, float("-inf"))
-        logits[row_of_col, cols] = kept
-        return logits
+        return mask_rows_(logits, indices, allowed)

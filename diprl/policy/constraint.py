@@ -128,7 +128,9 @@ class OrderGrammar:
         if mode == CLOSE:
             if CLOSE_TAG[s.node] != ch:
                 return None
-            return State(EOS, 0, s.remaining, s.written) if s.node + 1 == len(CLOSE_TAG) else s._replace(node=s.node + 1)
+            return (
+                State(EOS, 0, s.remaining, s.written) if s.node + 1 == len(CLOSE_TAG) else s._replace(node=s.node + 1)
+            )
         if mode == OPEN:
             if OPEN_TAG[s.node] != ch:
                 return None

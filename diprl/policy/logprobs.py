@@ -25,6 +25,21 @@ def allowed_mask(allowed: Sequence[np.ndarray], vocab_size: int, device: torch.d
     return mask
 
 
+def mask_rows_(logits: torch.Tensor, rows: Sequence[int], allowed: Sequence[np.ndarray]) -> torch.Tensor:
+    """In place: in each row of `rows`, every id outside its allowed set becomes -inf (one scatter)."""
+    if not rows:
+        return logits
+    device = logits.device
+    row_index = torch.tensor(list(rows), dtype=torch.long, device=device)
+    counts = torch.tensor([len(a) for a in allowed], dtype=torch.long, device=device)
+    cols = torch.from_numpy(np.concatenate(allowed)).to(device)
+    row_of_col = torch.repeat_interleave(row_index, counts)
+    kept = logits[row_of_col, cols]
+    logits.index_fill_(0, row_index, float("-inf"))
+    logits[row_of_col, cols] = kept
+    return logits
+
+
 def constrained_logprobs(
     logits: torch.Tensor, allowed: Sequence[np.ndarray] | None, tokens: torch.Tensor, temperature: float
 ) -> torch.Tensor:
