@@ -1,0 +1,569 @@
+"""AdapterStore: validated names, atomic immutable publishing, verification, and transport."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from diprl.inference import adapters
+from diprl.inference.adapters import (
+    BASE,
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    AdapterError,
+    AdapterRef,
+    AdapterStore,
+    CorruptAdapter,
+    IncompatibleAdapter,
+    InvalidAdapterName,
+    LocalAdapterCache,
+    UnknownAdapter,
+    base_model_key,
+    check_compatible,
+    materialize,
+    pack_adapter,
+    parse_policy_ref,
+)
+from diprl.policy.models import QWEN3_LINEAR_MODULES
+
+from .lora_fixtures import load_tiny_base, make_lora_dir, make_lora_model, tiny_base_path
+
+
+@pytest.fixture(scope="module")
+def loras(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Saved adapters: two rank-8 ones with different weights and one of rank 16."""
+    root = tmp_path_factory.mktemp("loras")
+    return {
+        "a": make_lora_dir(root, seed=1),
+        "b": make_lora_dir(root, seed=2),
+        "r16": make_lora_dir(root, seed=3, rank=16),
+    }
+
+
+def file_hashes(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+def writable(path: Path) -> Path:
+    path.chmod(0o644)
+    return path
+
+
+# ---- names -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("main@v1", AdapterRef("main", 1)),
+        ("p@v1", AdapterRef("p", 1)),
+        ("hero_2-b@v10", AdapterRef("hero_2-b", 10)),
+        ("x@v999999999", AdapterRef("x", 999_999_999)),
+        ("a" * 48 + "@v3", AdapterRef("a" * 48, 3)),
+        ("base", None),
+    ],
+)
+def test_valid_names_parse(name: str, expected: AdapterRef | None) -> None:
+    assert parse_policy_ref(name) == expected
+    if expected is not None:
+        assert expected.name == name == str(expected)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "main",
+        "../x@v1",
+        "a/b@v1",
+        "/etc/passwd",
+        "..",
+        "a\\b@v1",
+        "p@v01",
+        "p@v0",
+        "P@v1",
+        "p@V1",
+        "p@v1 ",
+        " p@v1",
+        "p@v1\n",
+        "p@1",
+        "p@v",
+        "p@v-1",
+        "p@v1@v2",
+        "p@v1/../../x",
+        "1p@v1",
+        "_p@v1",
+        "p.q@v1",
+        "a" * 49 + "@v1",
+        "p@v1234567890",
+        "pé@v1",
+        "p@v١",  # Arabic-Indic digit one
+        "base@v1",
+        "BASE",
+        "p@v1\x00",
+    ],
+)
+def test_invalid_names_are_rejected_with_a_description_of_valid_ones(name: str) -> None:
+    with pytest.raises(InvalidAdapterName, match="a valid name is 'base' or '<policy>@v<N>'"):
+        parse_policy_ref(name)
+
+
+def test_non_string_names_and_hand_built_refs_are_validated_too() -> None:
+    with pytest.raises(InvalidAdapterName):
+        parse_policy_ref(None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidAdapterName):
+        AdapterRef("../etc", 1)
+    with pytest.raises(InvalidAdapterName):
+        AdapterRef("p", 0)
+    with pytest.raises(InvalidAdapterName):
+        AdapterRef("p", True)
+    assert issubclass(InvalidAdapterName, ValueError)
+
+
+def test_publish_rejects_invalid_policy_names_before_touching_disk(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path / "store")
+    for policy in ["../x", "a/b", "base", "p@v1", "P", ""]:
+        with pytest.raises(InvalidAdapterName):
+            store.publish(policy, loras["a"])
+    assert not (tmp_path / "store").exists()
+
+
+# ---- publishing ------------------------------------------------------------------------------
+
+
+def test_publish_twice_gives_v1_and_v2_in_distinct_immutable_dirs(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path)
+    r1 = store.publish("main", loras["a"], base_model=str(tiny_base_path()))
+    v1 = store.resolve("main@v1")
+    before = file_hashes(v1.path)
+    r2 = store.publish("main", loras["b"])
+    assert (r1.name, r2.name) == ("main@v1", "main@v2")
+    v2 = store.resolve(r2.name)
+    assert v1.path != v2.path and v1.path.name == "v1" and v2.path.name == "v2"
+    assert file_hashes(v1.path) == before  # publishing never touches older versions
+    assert sorted(p.name for p in v1.path.iterdir()) == sorted([*adapters.ADAPTER_FILES, MANIFEST_FILE])
+    assert (v1.path / WEIGHTS_FILE).read_bytes() == (loras["a"] / WEIGHTS_FILE).read_bytes()
+    assert all(not os.access(p, os.W_OK) or os.geteuid() == 0 for p in v1.path.iterdir())
+    assert v1.fingerprint != v2.fingerprint
+    assert (v1.rank, v1.alpha, v1.base_model) == (8, 16.0, str(tiny_base_path()))
+    assert v1.target_modules == tuple(sorted(QWEN3_LINEAR_MODULES))
+    assert store.versions("main") == [r1, r2]
+    assert store.latest("main") == r2
+    assert store.latest("other") is None
+    assert store.policies() == ["main"]
+    assert "main@v2" in store and "main@v3" not in store and "../x" not in store
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert index["policies"] == {"main": [1, 2]}
+
+
+def test_publish_from_a_peft_model_object(tmp_path: Path) -> None:
+    store = AdapterStore(tmp_path)
+    ref = store.publish("obj", make_lora_model(seed=5))
+    version = store.resolve(ref.name)
+    assert ref.name == "obj@v1"
+    assert version.base_model == str(tiny_base_path())
+    assert [p.name for p in (tmp_path / "obj").iterdir()] == ["v1"]  # no save_pretrained leftovers
+
+
+def test_a_crash_before_the_rename_leaves_no_version(
+    tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = AdapterStore(tmp_path)
+    real_rename = os.rename
+
+    def crash(src: Any, dst: Any) -> None:
+        assert (Path(src) / MANIFEST_FILE).is_file()  # every file is written, only the claim is missing
+        raise OSError(errno.EIO, "simulated crash")
+
+    monkeypatch.setattr(os, "rename", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        store.publish("p", loras["a"])
+    # A kill -9 would also skip the cleanup: keep the temp directory this time.
+    monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)
+    with pytest.raises(OSError, match="simulated crash"):
+        store.publish("p", loras["a"])
+    monkeypatch.setattr(os, "rename", real_rename)
+    monkeypatch.undo()
+
+    leftovers = list((tmp_path / "p").iterdir())
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(".tmp-")
+    assert store.versions("p") == [] and store.policies() == []
+    with pytest.raises(UnknownAdapter, match="none"):
+        store.resolve("p@v1")
+    assert store.publish("p", loras["a"]).name == "p@v1"
+    assert store.versions("p") == [AdapterRef("p", 1)]
+
+
+def test_a_crash_after_the_rename_leaves_a_complete_version_and_a_stale_index(
+    tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = AdapterStore(tmp_path)
+    store.publish("p", loras["a"])
+    monkeypatch.setattr(AdapterStore, "refresh_index", lambda self: False)
+    store.publish("p", loras["b"])
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "index.json").read_text())["policies"] == {"p": [1]}
+    assert [r.version for r in store.versions("p")] == [1, 2]  # the directory is the truth
+    store.resolve("p@v2")
+    assert store.refresh_index() is True
+    assert json.loads((tmp_path / "index.json").read_text())["policies"] == {"p": [1, 2]}
+    assert store.refresh_index() is False
+
+
+def test_concurrent_publishers_get_distinct_consecutive_versions(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path)
+    start = threading.Barrier(8)
+    results: list[AdapterRef] = []
+    errors: list[BaseException] = []
+
+    def publish(i: int) -> None:
+        try:
+            start.wait()
+            results.append(AdapterStore(tmp_path).publish("race", loras["a" if i % 2 else "b"]))
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=publish, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(r.version for r in results) == list(range(1, 9))
+    for ref in results:
+        assert store.resolve(ref.name).ref == ref  # each manifest names its own directory
+    assert json.loads((tmp_path / "index.json").read_text())["policies"] == {"race": list(range(1, 9))}
+    assert [p.name for p in (tmp_path / "race").iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_losing_the_rename_race_retries_with_the_next_number(
+    tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = AdapterStore(tmp_path)
+    store.publish("p", loras["a"])
+    real = adapters._version_numbers
+    scans = 0
+
+    def numbers(policy_dir: Path, complete_only: bool) -> list[int]:
+        nonlocal scans
+        if not complete_only:
+            scans += 1
+            if scans == 1:
+                return []  # this scan misses v1, as if another publisher claimed it right after we looked
+        return real(policy_dir, complete_only)
+
+    monkeypatch.setattr(adapters, "_version_numbers", numbers)
+    ref = store.publish("p", loras["b"])
+    assert ref.name == "p@v2" and scans == 2
+    assert store.resolve("p@v2").fingerprint != store.resolve("p@v1").fingerprint
+    assert (store.resolve("p@v1").path / WEIGHTS_FILE).read_bytes() == (loras["a"] / WEIGHTS_FILE).read_bytes()
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "adapter_config.json").unlink(), "adapter_config.json is missing"),
+        (lambda d: (d / WEIGHTS_FILE).rename(d / "adapter_model.bin"), "safe_serialization=True"),
+        (lambda d: (d / "adapter_config.json").write_text("{not json"), "not valid JSON"),
+        (
+            lambda d: (d / "adapter_config.json").write_text(
+                json.dumps({k: v for k, v in json.loads((d / "adapter_config.json").read_text()).items() if k != "r"})
+            ),
+            "positive integer 'r'",
+        ),
+        (lambda d: os.truncate(d / WEIGHTS_FILE, 5000), "truncated"),
+        (lambda d: (d / WEIGHTS_FILE).write_bytes(b"\xff" * 16), "header length"),
+    ],
+)
+def test_publish_rejects_broken_sources_and_creates_no_version(
+    tmp_path: Path, loras: dict[str, Path], damage: Callable[[Path], Any], message: str
+) -> None:
+    source = _copy(loras["a"], tmp_path / "src")
+    damage(source)
+    store = AdapterStore(tmp_path / "store")
+    with pytest.raises(CorruptAdapter, match=message):
+        store.publish("p", source)
+    assert store.versions("p") == []
+    assert list((tmp_path / "store" / "p").iterdir()) == []
+
+
+def test_publish_rejects_dora_and_a_rank_above_the_config(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path / "store")
+    dora = _copy(loras["a"], tmp_path / "dora")
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(IncompatibleAdapter, match="DoRA"):
+        store.publish("p", dora)
+    lying = _copy(loras["r16"], tmp_path / "lying")
+    (lying / "adapter_config.json").write_text(json.dumps({**config, "r": 8}))
+    with pytest.raises(CorruptAdapter, match="weights have rank 16"):
+        store.publish("p", lying)
+    assert store.versions("p") == []
+
+
+# ---- resolving -------------------------------------------------------------------------------
+
+
+def test_resolve_unknown_names_lists_known_versions(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path)
+    store.publish("p", loras["a"])
+    store.publish("p", loras["b"])
+    with pytest.raises(UnknownAdapter, match=r"unknown adapter p@v7 .*versions of 'p': p@v1, p@v2"):
+        store.resolve("p@v7")
+    with pytest.raises(UnknownAdapter, match="versions of 'q': none"):
+        store.resolve("q@v1")
+    with pytest.raises(UnknownAdapter, match="base model"):
+        store.resolve(BASE)
+    with pytest.raises(InvalidAdapterName):
+        store.resolve("../p@v1")
+    (tmp_path / "p" / "v9").mkdir()  # a directory without a manifest is not a version
+    with pytest.raises(UnknownAdapter):
+        store.resolve("p@v9")
+    assert AdapterStore(tmp_path / "missing").policies() == []
+
+
+def test_truncated_weights_are_reported_naming_the_file_even_without_hashing(
+    tmp_path: Path, loras: dict[str, Path]
+) -> None:
+    store = AdapterStore(tmp_path)
+    version = store.resolve(store.publish("p", loras["a"]).name)
+    weights = writable(version.path / WEIGHTS_FILE)
+    os.truncate(weights, weights.stat().st_size - 10)
+    for verify in (True, False):
+        with pytest.raises(CorruptAdapter, match=rf"p@v1: {weights}.*bytes, its manifest says"):
+            store.resolve("p@v1", verify=verify)
+
+
+def test_a_flipped_byte_is_caught_by_the_hash_check(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path)
+    store.publish("p", loras["a"])
+    weights = writable(tmp_path / "p" / "v1" / WEIGHTS_FILE)
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CorruptAdapter, match=rf"{WEIGHTS_FILE} does not match the sha256"):
+        AdapterStore(tmp_path).resolve("p@v1")
+    AdapterStore(tmp_path).resolve("p@v1", verify=False)  # same size: only hashing can tell
+
+
+def test_verification_is_cached_until_the_file_changes(
+    tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = AdapterStore(tmp_path)
+    store.publish("p", loras["a"])
+    hashed: list[Path] = []
+    real = adapters._sha256_file
+
+    def counting(path: Path) -> str:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(adapters, "_sha256_file", counting)
+    for _ in range(5):
+        store.resolve("p@v1")
+    assert len(hashed) == 2  # config + weights, once
+    config = writable(tmp_path / "p" / "v1" / "adapter_config.json")
+    text = config.read_text()
+    config.write_text(text.replace('"r": 8', '"r": 9'))  # same size, new mtime and content
+    with pytest.raises(CorruptAdapter, match=r"adapter_config\.json does not match"):
+        store.resolve("p@v1")
+
+
+def test_a_copied_version_directory_is_detected(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path)
+    store.publish("p", loras["a"])
+    shutil.copytree(tmp_path / "p" / "v1", tmp_path / "p" / "v5")
+    with pytest.raises(CorruptAdapter, match="describes p@v1"):
+        store.resolve("p@v5")
+    writable(tmp_path / "p" / "v1" / MANIFEST_FILE).write_text("[]")
+    with pytest.raises(CorruptAdapter, match=f"{MANIFEST_FILE} is invalid"):
+        store.resolve("p@v1")
+
+
+# ---- compatibility ---------------------------------------------------------------------------
+
+
+def test_incompatible_rank_base_and_modules(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path)
+    base = str(tiny_base_path())
+    r16 = store.resolve(store.publish("big", loras["r16"]).name)
+    r8 = store.resolve(store.publish("small", loras["a"]).name)
+    assert r16.rank == 16
+    with pytest.raises(IncompatibleAdapter, match="rank 16 exceeds the server's max LoRA rank 8"):
+        check_compatible(r16, max_rank=8)
+    check_compatible(r16, max_rank=16, base_model=base)
+    store.check_compatible(r8, 8, base + "/", set(QWEN3_LINEAR_MODULES))
+    with pytest.raises(IncompatibleAdapter, match="trained on base model"):
+        check_compatible(r8, max_rank=8, base_model="Qwen/Qwen3-8B")
+    with pytest.raises(IncompatibleAdapter, match=r"targets modules \['down_proj', 'gate_proj', 'up_proj'\]"):
+        check_compatible(r8, max_rank=8, allowed_modules={"q_proj", "k_proj", "v_proj", "o_proj"})
+    unknown_base = _copy(loras["a"], tmp_path / "nobase")
+    config = json.loads((unknown_base / "adapter_config.json").read_text())
+    (unknown_base / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}))
+    anonymous = store.resolve(store.publish("anon", unknown_base).name)
+    with pytest.raises(IncompatibleAdapter, match="records no base model"):
+        check_compatible(anonymous, max_rank=8, base_model=base)
+    assert issubclass(IncompatibleAdapter, AdapterError)
+
+
+def test_base_model_key_sees_one_model_under_different_paths() -> None:
+    snapshot = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/abc123"
+    assert base_model_key(snapshot) == base_model_key("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+    assert base_model_key("/a/.cache/models/tiny-qwen3-77e2bb8ffe60") == base_model_key("/b/tiny-qwen3-77e2bb8ffe60/")
+    assert base_model_key("/a/model") != base_model_key("/b/model")
+
+
+# ---- transport -------------------------------------------------------------------------------
+
+
+def test_pack_materialize_round_trip_is_verified_and_idempotent(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path / "store")
+    original = store.resolve(store.publish("p", loras["a"]).name)
+    packed = pack_adapter(original)
+    assert sorted(packed) == sorted([*adapters.ADAPTER_FILES, MANIFEST_FILE])
+    copy = materialize(packed, tmp_path / "cache")
+    assert copy.path == tmp_path / "cache" / "p" / "v1"
+    assert (copy.ref, copy.fingerprint, copy.rank, copy.base_model) == (
+        original.ref,
+        original.fingerprint,
+        original.rank,
+        original.base_model,
+    )
+    mtime = (copy.path / WEIGHTS_FILE).stat().st_mtime_ns
+    assert materialize(packed, tmp_path / "cache").path == copy.path
+    assert (copy.path / WEIGHTS_FILE).stat().st_mtime_ns == mtime  # reused, not rewritten
+    assert sorted(p.name for p in (tmp_path / "cache" / "p").iterdir()) == ["v1"]
+
+    # A damaged cache entry is replaced.
+    writable(copy.path / WEIGHTS_FILE).write_bytes(b"junk")
+    assert materialize(packed, tmp_path / "cache").fingerprint == original.fingerprint
+    assert sorted(p.name for p in (tmp_path / "cache" / "p").iterdir()) == ["v1"]
+
+
+def _tampered(packed: Mapping[str, bytes], **changes: bytes) -> dict[str, bytes]:
+    return {**packed, **changes}
+
+
+def test_tampered_bundles_are_rejected_before_anything_is_written(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path / "store")
+    packed = pack_adapter(store.resolve(store.publish("p", loras["a"]).name))
+    weights = bytearray(packed[WEIGHTS_FILE])
+    weights[100] ^= 0xFF
+    manifest = json.loads(packed[MANIFEST_FILE])
+    bad: list[tuple[dict[str, bytes], str]] = [
+        (_tampered(packed, **{WEIGHTS_FILE: bytes(weights)}), f"{WEIGHTS_FILE} does not match"),
+        (_tampered(packed, **{WEIGHTS_FILE: packed[WEIGHTS_FILE][:-1]}), f"{WEIGHTS_FILE} does not match"),
+        ({k: v for k, v in packed.items() if k != MANIFEST_FILE}, "no DIPRL_MANIFEST"),
+        ({**packed, "../../evil.py": b"import os"}, "expected files"),
+        (_tampered(packed, **{MANIFEST_FILE: json.dumps({**manifest, "name": "../x@v1"}).encode()}), "invalid"),
+        (_tampered(packed, **{MANIFEST_FILE: json.dumps({**manifest, "name": "base"}).encode()}), "invalid"),
+        (
+            _tampered(
+                packed,
+                **{MANIFEST_FILE: json.dumps({**manifest, "files": {**manifest["files"], "x/../y": {}}}).encode()},
+            ),
+            "must list exactly",
+        ),
+        (_tampered(packed, **{MANIFEST_FILE: json.dumps({**manifest, "rank": 4}).encode()}), "disagree"),
+        (_tampered(packed, **{MANIFEST_FILE: b"\x00garbage"}), "invalid"),
+    ]
+    for bundle, message in bad:
+        with pytest.raises(CorruptAdapter, match=message):
+            materialize(bundle, tmp_path / "cache")
+    with pytest.raises(CorruptAdapter, match="mapping of file names to bytes"):
+        materialize({MANIFEST_FILE: "text"}, tmp_path / "cache")  # type: ignore[dict-item]
+    assert not (tmp_path / "cache").exists()
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_local_cache_prefers_the_shared_store_and_falls_back_to_fetch(tmp_path: Path, loras: dict[str, Path]) -> None:
+    origin = AdapterStore(tmp_path / "origin")
+    origin.publish("p", loras["a"])
+    origin.publish("p", loras["b"])
+    shared = AdapterStore(tmp_path / "shared")
+    shared.publish("p", loras["a"])  # the shared mount holds only v1
+    fetched: list[str] = []
+
+    def fetch(name: str) -> dict[str, bytes]:
+        fetched.append(name)
+        return pack_adapter(origin.resolve(name))
+
+    cache = LocalAdapterCache(tmp_path / "cache", fetch=fetch, store=shared)
+    assert cache.get("p@v1").path == shared.root / "p" / "v1"
+    assert fetched == []
+    v2 = cache.get("p@v2")
+    assert v2.path == tmp_path / "cache" / "p" / "v2" and fetched == ["p@v2"]
+    assert v2.fingerprint == origin.resolve("p@v2").fingerprint
+    assert cache.get("p@v2").path == v2.path and fetched == ["p@v2"]  # materialized once
+
+    with pytest.raises(UnknownAdapter, match="p@v9"):
+        cache.get("p@v9")  # the fetch callable's UnknownAdapter passes through
+    empty: dict[str, dict[str, bytes]] = {}
+    with pytest.raises(UnknownAdapter, match="fetch source does not have it"):
+        LocalAdapterCache(tmp_path / "c2", fetch=empty.__getitem__).get("p@v1")
+
+    def offline(name: str) -> dict[str, bytes]:
+        raise ConnectionError("down")
+
+    with pytest.raises(AdapterError, match="cannot fetch adapter p@v1: ConnectionError"):
+        LocalAdapterCache(tmp_path / "c3", fetch=offline).get("p@v1")
+    with pytest.raises(UnknownAdapter, match="versions of 'p': p@v1"):
+        LocalAdapterCache(tmp_path / "c4", store=shared).get("p@v2")
+    with pytest.raises(InvalidAdapterName):
+        cache.get("../../etc/passwd")
+    with pytest.raises(ValueError, match="needs a shared store"):
+        LocalAdapterCache(tmp_path / "c5")
+
+
+def test_ray_object_store_transport(tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    store = AdapterStore(tmp_path / "learner")
+    version = store.resolve(store.publish("hero", loras["a"]).name)
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        refs = {version.name: adapters.put_adapter(version)}
+        cache = LocalAdapterCache(tmp_path / "replica", fetch=adapters.object_store_fetch(refs))
+        local = cache.get("hero@v1")
+        assert local.path == tmp_path / "replica" / "hero" / "v1"
+        assert local.fingerprint == version.fingerprint
+        with pytest.raises(UnknownAdapter, match="object store holds: hero@v1"):
+            cache.get("hero@v2")
+    finally:
+        ray.shutdown()
+
+
+# ---- PEFT round trip -------------------------------------------------------------------------
+
+
+def test_a_resolved_version_loads_into_peft_with_the_same_logits(tmp_path: Path) -> None:
+    from peft import PeftModel
+
+    in_memory = make_lora_model(seed=11)
+    store = AdapterStore(tmp_path / "store")
+    ref = store.publish("p", in_memory)
+    version = LocalAdapterCache(tmp_path / "cache", fetch=lambda n: pack_adapter(store.resolve(n))).get(ref.name)
+    loaded = PeftModel.from_pretrained(load_tiny_base(), str(version.path)).eval()
+    ids = torch.tensor([[151644, 872, 198, 9707, 11, 1879, 0]])
+    with torch.no_grad():
+        expected = in_memory(input_ids=ids).logits
+        got = loaded(input_ids=ids).logits
+        base = load_tiny_base()(input_ids=ids).logits
+    assert torch.equal(got, expected)
+    assert not torch.allclose(got, base, atol=1e-4)  # the adapter really changes the model
