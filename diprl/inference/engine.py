@@ -122,6 +122,13 @@ def sampling_params(request: OrderRequest, temperature: float, max_tokens: int, 
     )
 
 
+def sampled_logprobs(token_ids: Sequence[int], steps: Sequence[Any] | None) -> list[float]:
+    """The logprob of each sampled token from vLLM's per-step logprob dicts (requested with logprobs=0)."""
+    if steps is None or len(steps) != len(token_ids):
+        raise RuntimeError("vLLM returned no per-token logprobs; requests must set logprobs=0")
+    return [float(step[token].logprob) for token, step in zip(token_ids, steps, strict=True)]
+
+
 def generate_orders(
     llm: Any,
     requests: Sequence[OrderRequest],
@@ -142,8 +149,7 @@ def generate_orders(
     for request, result in zip(requests, outputs, strict=True):
         completion = result.outputs[0]
         token_ids = list(completion.token_ids)
-        steps = completion.logprobs or []
-        logprobs = [float(step[token].logprob) for token, step in zip(token_ids, steps, strict=True)]
+        logprobs = sampled_logprobs(token_ids, completion.logprobs)
         parsed = parse_orders(completion.text, request.legal)
         out.append(
             Generation(
