@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -38,3 +39,34 @@ class ServerConfig:
     max_ongoing_requests: int = 64
     host: str = "127.0.0.1"  # never a public interface unless the config says so
     port: int = 8000
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def register_configs() -> None:
+    """Register the `base_inference` schema (group `inference`) that the YAML files extend."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="inference", name="base_inference", node=ServerConfig)
+
+
+def load_server_config(name: str, conf_dir: Path | None = None) -> ServerConfig:
+    """Read `conf/inference/<name>.yaml` into a validated `ServerConfig` (typos and wrong types fail)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    directory = (conf_dir or CONF_DIR) / "inference"
+    path = directory / f"{name}.yaml"
+    if not path.is_file() or "/" in name or name.startswith("."):
+        known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml"))) or "none"
+        raise KeyError(f"unknown inference config {name!r} (known: {known})")
+    raw = OmegaConf.load(path)
+    raw.pop("defaults", None)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ServerConfig), raw)
+    except OmegaConfBaseException as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    config = OmegaConf.to_object(merged)
+    assert isinstance(config, ServerConfig)
+    return config
