@@ -15,6 +15,7 @@ import sys
 BENCHMARKS: dict[str, str] = {
     "engine": "diprl.bench.engine",
     "constraint": "diprl.bench.constraint",
+    "inference": "diprl.bench.inference",
 }
 
 

@@ -53,7 +53,7 @@ def register_configs() -> None:
 
 def load_server_config(name: str, conf_dir: Path | None = None) -> ServerConfig:
     """Read `conf/inference/<name>.yaml` into a validated `ServerConfig` (typos and wrong types fail)."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     directory = (conf_dir or CONF_DIR) / "inference"
@@ -62,6 +62,8 @@ def load_server_config(name: str, conf_dir: Path | None = None) -> ServerConfig:
         known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml"))) or "none"
         raise KeyError(f"unknown inference config {name!r} (known: {known})")
     raw = OmegaConf.load(path)
+    if not isinstance(raw, DictConfig):
+        raise ValueError(f"{path}: expected a mapping of settings")
     raw.pop("defaults", None)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ServerConfig), raw)

@@ -326,3 +326,37 @@ def resolve_model_path(preset: ModelPreset) -> Path | str:
 
 
 register_configs()
+
+
+def random_lora_model(seed: int, rank: int = 8, alpha: int | None = None) -> Any:
+    """A PEFT LoRA model on the tiny Qwen3 whose lora_A / lora_B weights are ~ N(0, 0.02²) from `seed`.
+
+    PEFT initialises lora_B to zeros (a fresh adapter computes exactly the base model), so tests and
+    benchmarks that need adapters which really differ from the base and from each other use these.
+    The base is loaded from the built tiny directory, so `base_model_name_or_path` is what vLLM serves.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    preset = load_preset("tiny")
+    base = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(preset)), dtype=torch.float32).eval()
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha if alpha is not None else 2 * rank,
+        target_modules=list(preset.lora.target_modules),
+        lora_dropout=0.0,
+    )
+    model = get_peft_model(base, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    return model.eval()
+
+
+def save_random_lora(out_dir: Path, seed: int, rank: int = 8) -> Path:
+    """`random_lora_model(seed, rank)` saved with `save_pretrained` (safetensors) into `out_dir`."""
+    random_lora_model(seed, rank).save_pretrained(str(out_dir), safe_serialization=True)
+    return out_dir

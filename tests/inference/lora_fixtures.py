@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from diprl.policy.models import load_preset, resolve_model_path
+from diprl.policy.models import load_preset, random_lora_model, resolve_model_path, save_random_lora
 
 
 def tiny_base_path() -> Path:
@@ -30,26 +30,9 @@ def load_tiny_base() -> Any:
 
 def make_lora_model(seed: int, rank: int = 8, alpha: int | None = None) -> Any:
     """A PEFT LoRA model on the tiny base with every lora_A / lora_B weight ~ N(0, 0.02²) from `seed`."""
-    from peft import LoraConfig, get_peft_model
-
-    lora = load_preset("tiny").lora
-    config = LoraConfig(
-        r=rank,
-        lora_alpha=alpha if alpha is not None else 2 * rank,
-        target_modules=list(lora.target_modules),
-        lora_dropout=0.0,
-    )
-    model = get_peft_model(load_tiny_base(), config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters()):
-            if "lora_A" in name or "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-    return model.eval()
+    return random_lora_model(seed, rank, alpha)
 
 
 def make_lora_dir(tmp_path: Path, seed: int, rank: int = 8) -> Path:
     """Save `make_lora_model(seed, rank)` with `save_pretrained` (safetensors) under `tmp_path`."""
-    out = tmp_path / f"lora-seed{seed}-r{rank}"
-    make_lora_model(seed, rank).save_pretrained(str(out), safe_serialization=True)
-    return out
+    return save_random_lora(tmp_path / f"lora-seed{seed}-r{rank}", seed, rank)

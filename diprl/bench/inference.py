@@ -1,0 +1,154 @@
+"""Inference service benchmark: what the Serve deployment costs, what mixing adapters costs, and how
+fast a published version is served.
+
+    python -m diprl.bench inference [--requests 48] [--rounds 2]
+
+1. The same constrained order requests (mid-game states, temperature 1) through the bare async engine
+   (`PolicyEngine` in this process) and through the PolicyServer deployment (Ray Serve handle, one
+   replica): tokens per second of each, best of `--rounds`.
+2. Through the deployment: one batch where every request uses one adapter, and one where the requests
+   are spread over 4 adapters: tokens per second of each (vLLM batches the adapters together).
+3. Publish-to-served latency: publish a new version, then time until its first request returns, next to
+   the latency of the same request on a version already loaded.
+
+Last line: `serve_overhead=<bare engine tokens/s / deployment tokens/s>` (1.0 means no overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from diprl.bench.constraint import mid_game_states
+
+
+def _requests(n: int, policies: Sequence[str]) -> list[dict[str, Any]]:
+    from diprl.policy.prompt import build_prompt
+
+    states = mid_game_states(n)
+    return [
+        {
+            "policy": policies[i % len(policies)],
+            "prompt": build_prompt(game, power).text,
+            "legal": game.legal_orders(power).to_dict(),
+            "temperature": 1.0,
+        }
+        for i, (game, power) in enumerate(states)
+    ]
+
+
+def _tokens(results: Sequence[dict[str, Any]]) -> int:
+    failed = [r["error"] for r in results if r["error"]]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
+    return sum(len(r["token_ids"]) for r in results)
+
+
+def bare_engine(config: Any, requests: list[dict[str, Any]], rounds: int) -> float:
+    from diprl.inference.server import PolicyEngine
+
+    async def run() -> float:
+        engine = PolicyEngine(config)
+        try:
+            await engine.generate(requests[:4])  # warm-up
+            best = 0.0
+            for _ in range(rounds):
+                start = time.perf_counter()
+                tokens = _tokens(await engine.generate(requests))
+                best = max(best, tokens / (time.perf_counter() - start))
+            return best
+        finally:
+            engine.shutdown()
+
+    return asyncio.run(run())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diprl.bench inference", description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    from ray import serve
+
+    from diprl.inference.adapters import AdapterStore
+    from diprl.inference.config import ServerConfig
+    from diprl.inference.server import serve_policy
+    from diprl.policy.models import save_random_lora
+
+    root = Path(tempfile.mkdtemp(prefix="diprl-bench-inference-"))
+    store = AdapterStore(root / "adapters")
+    sources = [save_random_lora(root / f"src{i}", seed=100 + i) for i in range(5)]
+    names = [store.publish(f"p{i}", sources[i]).name for i in range(4)]
+    # The replica gets as many CPUs as the bare engine's process has threads: Ray sets OMP_NUM_THREADS
+    # from the actor's CPU count, and the vLLM engine inherits it.
+    threads = len(os.sched_getaffinity(0))
+    config = ServerConfig(
+        model="tiny",
+        adapter_root=str(root / "adapters"),
+        adapter_cache=str(root / "cache"),
+        replica_cpus=float(threads),
+    )
+    base_requests = _requests(args.requests, ["base"])
+    print(f"inference benchmark: {args.requests} constrained mid-game order requests, tiny Qwen3, vLLM CPU")
+
+    bare = bare_engine(config, base_requests, args.rounds)
+
+    ray.init(num_cpus=threads + 2, include_dashboard=False)
+    try:
+        handle = serve_policy(config)
+
+        def through_serve(requests: list[dict[str, Any]]) -> float:
+            best = 0.0
+            for _ in range(args.rounds):
+                start = time.perf_counter()
+                tokens = _tokens(handle.generate.remote(requests).result(timeout_s=600))
+                best = max(best, tokens / (time.perf_counter() - start))
+            return best
+
+        handle.generate.remote(base_requests[:4]).result(timeout_s=600)
+        served = through_serve(base_requests)
+        single = [dict(r, policy=names[0]) for r in base_requests]
+        mixed = [dict(r, policy=names[i % 4]) for i, r in enumerate(base_requests)]
+        handle.generate.remote(mixed[:8]).result(timeout_s=600)  # load all four adapters first
+        one_adapter = through_serve(single)
+        four_adapters = through_serve(mixed)
+
+        probe = [dict(base_requests[0], policy=names[1])]
+        start = time.perf_counter()
+        handle.generate.remote(probe).result(timeout_s=600)
+        warm_latency = time.perf_counter() - start
+        start = time.perf_counter()
+        new_name = store.publish("fresh", sources[4]).name
+        publish_seconds = time.perf_counter() - start
+        result = handle.generate.remote([dict(probe[0], policy=new_name)]).result(timeout_s=600)
+        publish_to_served = time.perf_counter() - start
+        _tokens(result)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+    print(f"\n{'path':<34}{'tokens/s':>10}")
+    print(f"{'bare async engine (in process)':<34}{bare:>10.1f}")
+    print(f"{'PolicyServer (Serve handle)':<34}{served:>10.1f}")
+    print(f"{'  batch on 1 adapter':<34}{one_adapter:>10.1f}")
+    print(f"{'  batch mixing 4 adapters':<34}{four_adapters:>10.1f}")
+    print(f"\nmixed / single adapter throughput: {four_adapters / one_adapter:.2f}")
+    print(f"publish (atomic write): {1e3 * publish_seconds:.0f} ms", end="; ")
+    print(f"publish to first served response: {publish_to_served:.2f} s")
+    print(f"(the same request on an already loaded version: {warm_latency:.2f} s)")
+    print(f"serve_overhead={bare / served:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
