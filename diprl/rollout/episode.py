@@ -1,0 +1,240 @@
+"""`Episode`: warmup, fork one exact decision state into a GRPO group, play every fork to the horizon.
+
+1. Warmup: a seeded random number of phases, every seat played by its own policy.
+2. Advance to the next movement phase where the hero has units: the decision state.
+3. Fork it G times. At that phase the hero samples G completions (one per fork); every other LLM seat
+   samples per fork too; rule bots decide locally. All LLM requests of all forks go to the policy in
+   ONE batched call per phase, then every fork steps.
+4. Play all forks to the horizon (`horizon_years` later, or the end of the game), batched the same way.
+5. Score each fork the same way (outcome at the horizon, shaping along the way, per-order rewards of
+   the hero's decision from a counterfactual re-adjudication), turn returns into group advantages and
+   per-token advantages, and emit one `TrajectoryGroup` plus a `MatchResult` per fork.
+
+A bad completion never ends an episode: the game layer replaces what is not legal and reports it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from diprl.bots import make_agent
+from diprl.bots.base import Agent
+from diprl.game import DiplomacyGame, PhaseKind, PhaseRecord
+from diprl.game.replay import to_saved_game
+from diprl.game.scoring import ranks
+from diprl.policy.prompt import build_prompt
+from diprl.policy.vocab import TokenTable
+from diprl.rollout.clients import PolicyClient
+from diprl.rollout.credit import CreditAssigner
+from diprl.rollout.rewards import Rubric
+from diprl.rollout.types import Match, MatchResult, TrainingRecord, TrajectoryGroup, bot_name, is_bot
+
+
+@dataclass
+class EpisodeConfig:
+    group_size: int = 4
+    warmup_min_phases: int = 0
+    warmup_max_phases: int = 12
+    horizon_years: int = 1
+    max_year: int = 1935
+    temperature: float = 1.0
+    max_tokens: int = 384
+    trace_fraction: float = 0.1
+    max_advance_phases: int = 12  # phases to look for a hero movement decision after the warmup
+
+
+@dataclass
+class EpisodeOutput:
+    group: TrajectoryGroup | None
+    results: list[MatchResult]
+    trace: dict[str, Any] | None
+    skipped_zero_variance: bool
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage: engine, inference, rewards
+    phases: int = 0  # fork-phases stepped (each fork's phase counts once)
+    completions: int = 0
+    bad_completions: int = 0
+
+
+class Episode:
+    def __init__(
+        self, config: EpisodeConfig, rubric: Rubric, credit: CreditAssigner, client: PolicyClient, table: TokenTable
+    ) -> None:
+        self.config = config
+        self.rubric = rubric
+        self.credit = credit
+        self.client = client
+        self.table = table
+
+    # ---------------------------------------------------------------- play
+    def _play_phase(
+        self,
+        games: Sequence[DiplomacyGame],
+        match: Match,
+        bots: dict[str, Agent],
+        out: EpisodeOutput,
+        active: Sequence[bool] | None = None,
+    ) -> tuple[list[PhaseRecord | None], dict[tuple[int, str], dict[str, Any]]]:
+        """One phase of every active, unfinished game; all LLM requests of all games in one batched call."""
+        playing = [not g.is_done and (active is None or active[i]) for i, g in enumerate(games)]
+        orders: list[dict[str, list[str]]] = [{} for _ in games]
+        requests, where = [], []
+        for i, game in enumerate(games):
+            if not playing[i]:
+                continue
+            for power in game.orderable_powers():
+                ref = match.seats[power]
+                if is_bot(ref):
+                    orders[i][power] = bots[power].orders(game, power)
+                else:
+                    requests.append(
+                        {
+                            "policy": ref,
+                            "prompt": build_prompt(game, power).text,
+                            "legal": game.legal_orders(power).to_dict(),
+                            "temperature": self.config.temperature,
+                            "max_tokens": self.config.max_tokens,
+                        }
+                    )
+                    where.append((i, power))
+        start = time.perf_counter()
+        answers = self.client.generate(requests) if requests else []
+        out.timings["inference"] += time.perf_counter() - start
+        by_seat: dict[tuple[int, str], dict[str, Any]] = {}
+        for (i, power), answer in zip(where, answers, strict=True):
+            by_seat[(i, power)] = answer
+            out.completions += 1
+            if answer.get("error") or not answer.get("complete", False):
+                out.bad_completions += 1
+            orders[i][power] = list(answer.get("orders") or [])  # the game layer fills defaults and reports
+        start = time.perf_counter()
+        records = [game.step(orders[i]) if playing[i] else None for i, game in enumerate(games)]
+        out.timings["engine"] += time.perf_counter() - start
+        out.phases += sum(r is not None for r in records)
+        return records, by_seat
+
+    def run(self, match: Match) -> EpisodeOutput:
+        cfg = self.config
+        rng = random.Random(match.seed)
+        out = EpisodeOutput(group=None, results=[], trace=None, skipped_zero_variance=False)
+        out.timings = defaultdict(float)
+        game = DiplomacyGame(max_year=cfg.max_year)
+        bots = {
+            power: make_agent(bot_name(ref), seed=rng.randrange(2**31))
+            for power, ref in sorted(match.seats.items())
+            if is_bot(ref)
+        }
+        for _ in range(rng.randint(cfg.warmup_min_phases, cfg.warmup_max_phases)):
+            if game.is_done:
+                break
+            self._play_phase([game], match, bots, out)
+        for _ in range(cfg.max_advance_phases):
+            if game.is_done or (game.phase_type == "M" and game.legal_orders(match.hero).kind is PhaseKind.MOVEMENT):
+                break
+            self._play_phase([game], match, bots, out)
+        if game.is_done or game.legal_orders(match.hero).kind is not PhaseKind.MOVEMENT:
+            return out  # no decision left for the hero (eliminated, or the game ended): nothing to train
+
+        root_phase, root_year = game.phase, game.year
+        forks = [game.fork() for _ in range(cfg.group_size)]
+        befores = [f.fork() for f in forks]  # pre-states for the counterfactual support check
+        _, first_answers = self._play_phase(forks, match, bots, out)
+        hero_answers = [first_answers[(i, match.hero)] for i in range(len(forks))]
+
+        def before_horizon() -> list[bool]:
+            return [not f.is_done and f.year < root_year + cfg.horizon_years for f in forks]
+
+        while any(before_horizon()):
+            self._play_phase(forks, match, bots, out, before_horizon())
+
+        start = time.perf_counter()
+        scores = []
+        for fork, before in zip(forks, befores, strict=True):
+            scores.append(self.rubric.score(before, fork, match.hero))
+        returns = [s.total for s in scores]
+        advantages, std = self.credit.group_advantages(returns)
+        out.results = [_match_result(match, i, f) for i, f in enumerate(forks)]
+        if advantages is None:
+            out.skipped_zero_variance = True
+        else:
+            records = []
+            for answer, score, advantage in zip(hero_answers, scores, advantages, strict=True):
+                token_adv = self.credit.token_advantages(
+                    advantage, answer["token_ids"], self.table.texts, answer.get("orders") or [], score.order_rewards
+                )
+                records.append(
+                    TrainingRecord(
+                        prompt_ids=list(answer.get("prompt_ids") or []),
+                        completion_ids=list(answer["token_ids"]),
+                        behaviour_logprobs=list(answer["logprobs"]),
+                        legal=game.legal_orders(match.hero).to_dict(),
+                        advantages=token_adv,
+                        policy_version=match.seats[match.hero],
+                        temperature=cfg.temperature,
+                        power=match.hero,
+                        phase=root_phase,
+                        reward=score.total,
+                        reward_components=dict(score.components),
+                        order_rewards=dict(score.order_rewards),
+                    )
+                )
+            out.group = TrajectoryGroup(
+                group_id=f"{match.match_id}/{root_phase}",
+                match_id=match.match_id,
+                hero=match.hero,
+                phase=root_phase,
+                policy_version=match.seats[match.hero],
+                records=records,
+                returns=returns,
+                advantage_std=std,
+            )
+        out.timings["rewards"] += time.perf_counter() - start
+        if rng.random() < cfg.trace_fraction:
+            out.trace = _trace(match, root_phase, forks, hero_answers, scores, returns)
+        out.timings = dict(out.timings)
+        return out
+
+
+def _match_result(match: Match, fork: int, game: DiplomacyGame) -> MatchResult:
+    centres = game.centre_counts()
+    return MatchResult(
+        match_id=match.match_id,
+        fork=fork,
+        seats=dict(match.seats),
+        hero=match.hero,
+        centres=centres,
+        ranks=ranks(centres),
+        final_phase=game.phase,
+        solo=game.solo_winner(),
+    )
+
+
+def _trace(
+    match: Match,
+    root_phase: str,
+    forks: Sequence[DiplomacyGame],
+    answers: Sequence[dict[str, Any]],
+    scores: Sequence[Any],
+    returns: Sequence[float],
+) -> dict[str, Any]:
+    """What a person needs to read an episode: replay, the hero's completions and every reward."""
+    return {
+        "match": {"match_id": match.match_id, "seats": match.seats, "hero": match.hero, "seed": match.seed},
+        "decision_phase": root_phase,
+        "forks": [
+            {
+                "completion": answer.get("text"),
+                "orders": answer.get("orders"),
+                "complete": answer.get("complete"),
+                "return": ret,
+                "components": dict(score.components),
+                "order_rewards": dict(score.order_rewards),
+                "replay": to_saved_game(fork, game_id=f"{match.match_id}-fork{i}"),
+            }
+            for i, (fork, answer, score, ret) in enumerate(zip(forks, answers, scores, returns, strict=True))
+        ],
+    }

@@ -1,0 +1,185 @@
+"""Ray actors that run episodes and deliver their groups exactly once into a bounded queue.
+
+- `RolloutWorker` (CPU actor, restarted after a crash) plays one `Match` per call. Ray retries a call
+  that a crash interrupted on the restarted worker; the retry replays the same match (same seed).
+- `GroupLedger` (async actor) is the only way into the learner's `ray.util.queue.Queue`: it remembers
+  every group id it accepted, so a retried match whose group was already delivered is dropped, and a
+  match that crashed before delivering is delivered by its retry. Never lost, never duplicated. Its
+  `put` waits while the queue is full: backpressure instead of unbounded memory.
+- `RolloutRunner` (driver side) hands out matches with the hero's power stratified, collects the
+  match results (to a JSONL sink in the run directory until the league manager exists) and writes
+  the sampled traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.queue import Queue
+
+from diprl.game import DiplomacyGame
+from diprl.rollout.episode import Episode, EpisodeConfig
+from diprl.rollout.types import Match
+
+
+@dataclass
+class WorkerConfig:
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    reward: str = "default"  # conf/reward/<name>.yaml
+    client: str = "serve"  # "serve": the PolicyServer deployment; "uniform": a uniform constrained sampler
+    serve_app: str = "policy"
+    seed: int = 0
+
+
+def stratified_matches(
+    n: int, hero_policy: str, opponents: Sequence[str], seed: int = 0, prefix: str = "m"
+) -> Iterator[Match]:
+    """Matches whose hero power cycles through all seven powers, so every batch covers every start."""
+    powers = DiplomacyGame().powers
+    for i in range(n):
+        hero = powers[i % len(powers)]
+        others = [p for p in powers if p != hero]
+        seats = {hero: hero_policy} | {p: opponents[(i + j) % len(opponents)] for j, p in enumerate(others)}
+        yield Match(match_id=f"{prefix}{seed}-{i}", seats=seats, hero=hero, seed=seed * 1_000_003 + i)
+
+
+@ray.remote
+class GroupLedger:
+    """Exactly-once delivery of trajectory groups into a bounded queue."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.accepted: set[str] = set()
+        self.in_flight: set[str] = set()
+        self.duplicates = 0
+
+    async def deliver(self, group: dict[str, Any], timeout_s: float | None = None) -> bool:
+        """Put `group` in the queue unless a group with its id was already accepted; True if put."""
+        group_id = group["group_id"]
+        if group_id in self.accepted or group_id in self.in_flight:
+            self.duplicates += 1
+            return False
+        self.in_flight.add(group_id)  # no await before this line: check-and-mark is atomic
+        try:
+            await self.queue.put_async(group, block=True, timeout=timeout_s)
+        finally:
+            self.in_flight.discard(group_id)
+        self.accepted.add(group_id)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {"accepted": len(self.accepted), "duplicates": self.duplicates}
+
+
+@ray.remote(max_restarts=-1, max_task_retries=-1)
+class RolloutWorker:
+    """Plays matches and delivers their groups through the ledger."""
+
+    def __init__(self, config: WorkerConfig, ledger: Any, worker_index: int = 0) -> None:
+        from diprl.policy.tokenizer import load_tokenizer
+        from diprl.policy.vocab import token_table
+        from diprl.rollout.credit import CreditAssigner
+        from diprl.rollout.rewards import Rubric, load_reward_config
+
+        self.config = config
+        self.ledger = ledger
+        tokenizer = load_tokenizer()
+        table = token_table(tokenizer, 151936)
+        client: Any
+        if config.client == "serve":
+            from diprl.rollout.clients import ServeClient
+
+            client = ServeClient(app_name=config.serve_app)
+        elif config.client == "uniform":
+            from diprl.rollout.clients import UniformConstrainedClient
+
+            client = UniformConstrainedClient(table, seed=config.seed * 1000 + worker_index, tokenizer=tokenizer)
+        else:
+            raise ValueError(f"unknown rollout client {config.client!r}: use 'serve' or 'uniform'")
+        reward = load_reward_config(config.reward)
+        self.episode = Episode(config.episode, Rubric(reward), CreditAssigner(reward.credit), client, table)
+        self.pid = os.getpid()
+
+    def play(self, match: Match) -> dict[str, Any]:
+        start = time.perf_counter()
+        out = self.episode.run(match)
+        delivered = False
+        queue_seconds = 0.0
+        if out.group is not None:
+            t = time.perf_counter()
+            delivered = ray.get(self.ledger.deliver.remote(out.group.to_dict()))
+            queue_seconds = time.perf_counter() - t
+        return {
+            "match_id": match.match_id,
+            "results": [r.to_dict() for r in out.results],
+            "trace": out.trace,
+            "group_id": out.group.group_id if out.group else None,
+            "delivered": delivered,
+            "skipped_zero_variance": out.skipped_zero_variance,
+            "timings": dict(out.timings) | {"queue": queue_seconds, "total": time.perf_counter() - start},
+            "phases": out.phases,
+            "completions": out.completions,
+            "bad_completions": out.bad_completions,
+            "worker_pid": self.pid,
+        }
+
+    def pid_of(self) -> int:
+        return self.pid
+
+
+class RolloutRunner:
+    """Driver side: N workers, one ledger, one bounded queue; results and traces into the run directory."""
+
+    def __init__(self, config: WorkerConfig, num_workers: int, run_dir: Path, queue_size: int = 64) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.queue = Queue(maxsize=queue_size)
+        self.ledger = GroupLedger.remote(self.queue)  # type: ignore[attr-defined]
+        self.workers = [
+            RolloutWorker.options(num_cpus=0.5).remote(config, self.ledger, i)  # type: ignore[attr-defined]
+            for i in range(num_workers)
+        ]
+        self.results_path = self.run_dir / "match_results.jsonl"
+
+    def run(self, matches: Iterable[Match]) -> list[dict[str, Any]]:
+        """Play all matches (round robin over workers), sink results and traces, return per-match summaries."""
+        pending = {}
+        for i, match in enumerate(matches):
+            worker = self.workers[i % len(self.workers)]
+            pending[worker.play.remote(match)] = match.match_id
+        summaries = []
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            summary = ray.get(done[0])
+            pending.pop(done[0])
+            self._sink(summary)
+            summaries.append(summary)
+        return summaries
+
+    def _sink(self, summary: dict[str, Any]) -> None:
+        with self.results_path.open("a") as f:
+            for result in summary["results"]:
+                f.write(json.dumps(result) + "\n")
+        if summary.get("trace") is not None:
+            traces = self.run_dir / "traces"
+            traces.mkdir(exist_ok=True)
+            (traces / f"{summary['match_id']}.json").write_text(json.dumps(summary["trace"], indent=1))
+
+    def drain(self, timeout_s: float = 1.0) -> list[dict[str, Any]]:
+        """Everything currently in the queue (what the learner would consume)."""
+        items = []
+        while not self.queue.empty():
+            items.append(self.queue.get(timeout=timeout_s))
+        return items
+
+
+def config_dict(config: WorkerConfig) -> dict[str, Any]:
+    return asdict(config)
