@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "engine": "diprl.bench.engine",
     "constraint": "diprl.bench.constraint",
     "inference": "diprl.bench.inference",
+    "rollout": "diprl.bench.rollout",
 }
 
 

@@ -8,7 +8,7 @@ supports down and critical supports up.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from enum import StrEnum
 
 from diprl.game.game import DiplomacyGame, PhaseRecord
@@ -48,11 +48,14 @@ def _supported_succeeded(results: Mapping[str, Sequence[str]], supported_unit: s
     return "dislodged" not in codes
 
 
-def classify_supports(before: DiplomacyGame, record: PhaseRecord) -> dict[str, SupportVerdict]:
-    """Classify every support order of a processed movement phase.
+def classify_supports(
+    before: DiplomacyGame, record: PhaseRecord, powers: Collection[str] | None = None
+) -> dict[str, SupportVerdict]:
+    """Classify the support orders of a processed movement phase (of `powers` only, when given).
 
     `before` is a fork taken before `record`'s phase was stepped; it is not modified. Each
-    successful support costs one re-adjudication of a fork (a few ms).
+    successful support costs one re-adjudication of a fork (a few ms), so callers that reward one
+    power should name it.
     """
     if before.phase != record.name or before.phase_type != "M":
         raise ValueError(
@@ -60,15 +63,18 @@ def classify_supports(before: DiplomacyGame, record: PhaseRecord) -> dict[str, S
             "classify_supports needs a fork taken before that movement phase was stepped"
         )
     orders_by_unit: dict[str, str] = {}
-    for orders in record.orders.values():
+    classify: set[str] = set()
+    for power, orders in record.orders.items():
         for text in orders:
             order = parse_order(text)
             orders_by_unit[order.unit] = text
+            if order.kind == SUPPORT and (powers is None or power in powers):
+                classify.add(order.unit)
     verdicts: dict[str, SupportVerdict] = {}
     for unit, text in orders_by_unit.items():
-        order = parse_order(text)
-        if order.kind != SUPPORT:
+        if unit not in classify:
             continue
+        order = parse_order(text)
         codes = record.results.get(unit, ())
         if "void" in codes:
             verdicts[unit] = SupportVerdict.VOID

@@ -143,7 +143,7 @@ class Episode:
         forks = [game.fork() for _ in range(cfg.group_size)]
         befores = [f.fork() for f in forks]  # pre-states for the counterfactual support check
         _, first_answers = self._play_phase(forks, match, bots, out)
-        hero_answers = [first_answers[(i, match.hero)] for i in range(len(forks))]
+        hero_answers = [first_answers.get((i, match.hero), {}) for i in range(len(forks))]
 
         def before_horizon() -> list[bool]:
             return [not f.is_done and f.year < root_year + cfg.horizon_years for f in forks]
@@ -160,7 +160,7 @@ class Episode:
         out.results = [_match_result(match, i, f) for i, f in enumerate(forks)]
         if advantages is None:
             out.skipped_zero_variance = True
-        else:
+        elif match.trains:
             records = []
             for answer, score, advantage in zip(hero_answers, scores, advantages, strict=True):
                 token_adv = self.credit.token_advantages(

@@ -296,7 +296,7 @@ def order_labels(before: DiplomacyGame, record: PhaseRecord, power: str) -> dict
     orders = record.orders.get(power, ())
     if not record.name.endswith("M"):
         return dict.fromkeys(orders, OrderLabel.OTHER)
-    verdicts = classify_supports(before, record)
+    verdicts = classify_supports(before, record, powers={power})
     labels: dict[str, OrderLabel] = {}
     for text in orders:
         order = parse_order(text)

@@ -36,10 +36,11 @@ class Match:
     def __post_init__(self) -> None:
         if self.hero not in self.seats:
             raise ValueError(f"hero {self.hero!r} has no seat in match {self.match_id}")
-        if is_bot(self.seats[self.hero]):
-            raise ValueError(
-                f"the hero of match {self.match_id} is a rule bot ({self.seats[self.hero]}): nothing to train"
-            )
+
+    @property
+    def trains(self) -> bool:
+        """False when the hero is a rule bot: the match is played (and measured) but yields no group."""
+        return not is_bot(self.seats[self.hero])
 
 
 @dataclass

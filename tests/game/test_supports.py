@@ -145,3 +145,18 @@ def test_outcome_and_moved() -> None:
     assert not moved(record, "A PAR")  # bounced
     assert not moved(record, "A MAR")  # held
     assert not moved(record, "A XXX")
+
+
+def test_classify_supports_can_be_limited_to_some_powers() -> None:
+    """Only the named powers' supports are re-adjudicated (each costs a fork): the rest are absent."""
+    game = DiplomacyGame()
+    orders = {
+        "FRANCE": ["A PAR S A MAR - BUR", "A MAR - BUR", "F BRE H"],
+        "GERMANY": ["A MUN S A BER - KIE", "A BER - KIE", "F KIE - HOL"],
+    }
+    before = game.fork()
+    record = game.step(orders)
+    everyone = classify_supports(before, record)
+    france = classify_supports(before, record, powers={"FRANCE"})
+    assert set(everyone) == {"A PAR", "A MUN"} and set(france) == {"A PAR"}
+    assert france["A PAR"] == everyone["A PAR"]
