@@ -45,6 +45,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from diprl.atomic_io import fsync_dir
+
 BASE = "base"
 """The PolicyRef of the bare base model: no adapter, and never a valid policy name."""
 
@@ -396,14 +398,6 @@ def _bytes_reader(data: bytes) -> Callable[[int, int], bytes]:
 # Durable filesystem helpers
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_bytes(path: Path, data: bytes) -> None:
     with path.open("wb") as fh:
         fh.write(data)
@@ -440,7 +434,7 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _freeze(directory: Path) -> None:
@@ -658,7 +652,7 @@ class AdapterStore:
         if not policy_dir.is_dir():
             self.root.mkdir(parents=True, exist_ok=True)
             policy_dir.mkdir(exist_ok=True)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         _sweep_stale_tmp(policy_dir)
         tmp = policy_dir / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
         tmp.mkdir()
@@ -696,7 +690,7 @@ class AdapterStore:
             # The manifest names the version, so it is rewritten whenever a race moves the number.
             _write_bytes(tmp / MANIFEST_FILE, json.dumps(_manifest(ref, shape, files, created), indent=1).encode())
             _freeze(tmp)
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             try:
                 os.rename(tmp, tmp.parent / f"v{number}")
             except OSError as err:
@@ -705,7 +699,7 @@ class AdapterStore:
                 (tmp / MANIFEST_FILE).chmod(0o644)
                 number = max([number, *_version_numbers(tmp.parent, complete_only=False)]) + 1
                 continue
-            _fsync_dir(tmp.parent)
+            fsync_dir(tmp.parent)
             return ref
 
     # ---- reading -----------------------------------------------------------------------------
@@ -829,7 +823,7 @@ def materialize(packed: Mapping[str, bytes], cache_root: Path | str) -> AdapterV
         for name, data in packed.items():
             _write_bytes(tmp / name, data)
         _freeze(tmp)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if target.exists() or target.is_symlink():
             if _cached(cache, claimed) is not None:
                 return cache.resolve(claimed.name)
@@ -841,7 +835,7 @@ def materialize(packed: Mapping[str, bytes], cache_root: Path | str) -> AdapterV
         except OSError:
             if _cached(cache, claimed) is None:  # a concurrent materialize won; it must be ours
                 raise
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     finally:
         for leftover in (tmp, trash):
             if leftover is not None and leftover.exists():

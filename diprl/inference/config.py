@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diprl.structured_config import load_structured
+
 
 @dataclass
 class ServerConfig:
@@ -41,9 +43,6 @@ class ServerConfig:
     port: int = 8000
 
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
 def register_configs() -> None:
     """Register the `base_inference` schema (group `inference`) that the YAML files extend."""
     from hydra.core.config_store import ConfigStore
@@ -53,22 +52,4 @@ def register_configs() -> None:
 
 def load_server_config(name: str, conf_dir: Path | None = None) -> ServerConfig:
     """Read `conf/inference/<name>.yaml` into a validated `ServerConfig` (typos and wrong types fail)."""
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    directory = (conf_dir or CONF_DIR) / "inference"
-    path = directory / f"{name}.yaml"
-    if not path.is_file() or "/" in name or name.startswith("."):
-        known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml"))) or "none"
-        raise KeyError(f"unknown inference config {name!r} (known: {known})")
-    raw = OmegaConf.load(path)
-    if not isinstance(raw, DictConfig):
-        raise ValueError(f"{path}: expected a mapping of settings")
-    raw.pop("defaults", None)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(ServerConfig), raw)
-    except OmegaConfBaseException as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    config = OmegaConf.to_object(merged)
-    assert isinstance(config, ServerConfig)
-    return config
+    return load_structured(ServerConfig, "inference", name, conf_dir)

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from diprl.atomic_io import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "DIPRL_CACHE_DIR"
@@ -248,14 +250,6 @@ def verify_cached_dir(directory: Path, key: str) -> bool:
     return True
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_readable(directory: Path) -> None:
     """`mkdtemp` and some writers create owner-only modes; a shared cache should be world-readable."""
     directory.chmod(0o755)
@@ -292,7 +286,7 @@ def build_cached_dir(target: Path, key: str, build: Callable[[Path], None]) -> P
     try:
         build(tmp)
         _write_stamp(tmp, key)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _make_readable(tmp)
         if target.exists():
             if verify_cached_dir(target, key):
@@ -308,7 +302,7 @@ def build_cached_dir(target: Path, key: str, build: Callable[[Path], None]) -> P
             if verify_cached_dir(target, key):
                 return target
             raise
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -32,8 +32,7 @@ from diprl.game.orders import MOVE, SUPPORT, parse_order
 from diprl.game.outcomes import SupportVerdict, classify_supports
 from diprl.game.scoring import ranks
 from diprl.rollout.credit import CreditConfig
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from diprl.structured_config import load_structured
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -133,27 +132,7 @@ def register_configs() -> None:
 
 def load_reward_config(name: str, conf_dir: Path | None = None) -> RewardConfig:
     """Read `conf/reward/<name>.yaml` into a validated `RewardConfig` (typos and wrong types fail)."""
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    directory = (conf_dir or CONF_DIR) / "reward"
-    path = directory / f"{name}.yaml"
-    if not path.is_file() or "/" in name or name.startswith("."):
-        known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml"))) or "none"
-        raise KeyError(f"unknown reward config {name!r} (known: {known})")
-    raw = OmegaConf.load(path)
-    if not isinstance(raw, DictConfig):
-        raise ValueError(f"{path}: expected a mapping of settings")
-    raw.pop("defaults", None)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RewardConfig), raw)
-        config = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    except ValueError as exc:  # __post_init__ range checks
-        raise ValueError(f"{path}: {exc}") from exc
-    assert isinstance(config, RewardConfig)
-    return config
+    return load_structured(RewardConfig, "reward", name, conf_dir)
 
 
 # ----------------------------------------------------------------------------------------- outcome

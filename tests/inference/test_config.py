@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from diprl.inference.config import CONF_DIR, ServerConfig, load_server_config, register_configs
+from diprl.inference.config import ServerConfig, load_server_config, register_configs
+from diprl.structured_config import CONF_DIR
 
 
 def test_local_and_cluster_configs_load() -> None:
