@@ -911,6 +911,8 @@ class LocalAdapterCache:
         except AdapterError:
             raise
         except KeyError as err:
+            if isinstance(shared_error, CorruptAdapter):  # the shared copy exists but is damaged: say so
+                raise CorruptAdapter(f"{shared_error} (and the fetch source does not have {ref.name})") from err
             raise UnknownAdapter(f"unknown adapter {ref.name}: the fetch source does not have it{detail}") from err
         except Exception as err:  # a transport failure must fail this request only
             raise AdapterError(f"cannot fetch adapter {ref.name}: {type(err).__name__}: {err}{detail}") from err

@@ -30,6 +30,9 @@ class ServerConfig:
     loaded_adapters: int = 8  # this server's LRU of versions; older ones are unloaded
     adapter_root: str = "runs/adapters"
     adapter_cache: str = ".cache/adapter_cache"
+    # Name of an AdapterRegistry actor: versions missing from adapter_root are fetched from Ray's
+    # object store through it (clusters without a shared filesystem). None: the directory only.
+    adapter_registry: str | None = None
     seed: int = 0
     engine_extra: dict[str, Any] = field(default_factory=dict)
     # Ray Serve

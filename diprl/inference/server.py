@@ -102,7 +102,12 @@ class PolicyEngine:
         )
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
         self.store = AdapterStore(Path(config.adapter_root))
-        self.cache = LocalAdapterCache(Path(config.adapter_cache), fetch=None, store=self.store)
+        fetch = None
+        if config.adapter_registry:
+            from diprl.inference.registry import registry_fetch
+
+            fetch = registry_fetch(config.adapter_registry)
+        self.cache = LocalAdapterCache(Path(config.adapter_cache), fetch=fetch, store=self.store)
         self._loras: OrderedDict[str, Any] = OrderedDict()
         self._in_use: Counter[str] = Counter()
         self._next_lora_id = 1

@@ -4,7 +4,6 @@ when a worker dies mid-rollout, and the real PolicyServer with the tiny model.""
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,8 +76,8 @@ def test_a_worker_killed_mid_rollout_loses_and_duplicates_nothing(ray_cluster: N
     matches = list(stratified_matches(8, "base", OPPONENTS, seed=2))
     victim = runner.workers[0]
     old_pid = ray.get(victim.pid_of.remote())  # initialised: the kill below lands in an episode
-    refs = [victim.play.remote(m) for m in matches]  # about a second each: the victim is busy for a while
-    time.sleep(1.5)
+    refs = [victim.play.remote(m) for m in matches]
+    ray.wait(refs, num_returns=1, timeout=300)  # one done: the other seven are running or queued
     ray.kill(victim, no_restart=False)
     summaries = ray.get(refs, timeout=600)
     new_pid = ray.get(victim.pid_of.remote())
