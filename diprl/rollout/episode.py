@@ -141,7 +141,6 @@ class Episode:
 
         root_phase, root_year = game.phase, game.year
         forks = [game.fork() for _ in range(cfg.group_size)]
-        befores = [f.fork() for f in forks]  # pre-states for the counterfactual support check
         _, first_answers = self._play_phase(forks, match, bots, out)
         hero_answers = [first_answers.get((i, match.hero), {}) for i in range(len(forks))]
 
@@ -153,14 +152,16 @@ class Episode:
 
         start = time.perf_counter()
         scores = []
-        for fork, before in zip(forks, befores, strict=True):
-            scores.append(self.rubric.score(before, fork, match.hero))
+        for fork in forks:
+            # `game` is never stepped after forking: it is every fork's pre-state for the support check.
+            scores.append(self.rubric.score(game, fork, match.hero))
         returns = [s.total for s in scores]
         advantages, std = self.credit.group_advantages(returns)
         out.results = [_match_result(match, i, f) for i, f in enumerate(forks)]
         if advantages is None:
             out.skipped_zero_variance = True
         elif match.trains:
+            hero_legal = game.legal_orders(match.hero).to_dict()
             records = []
             for answer, score, advantage in zip(hero_answers, scores, advantages, strict=True):
                 token_adv = self.credit.token_advantages(
@@ -171,7 +172,7 @@ class Episode:
                         prompt_ids=list(answer.get("prompt_ids") or []),
                         completion_ids=list(answer["token_ids"]),
                         behaviour_logprobs=list(answer["logprobs"]),
-                        legal=game.legal_orders(match.hero).to_dict(),
+                        legal=hero_legal,
                         advantages=token_adv,
                         policy_version=match.seats[match.hero],
                         temperature=cfg.temperature,

@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,3 @@ class RolloutRunner:
             items.append(self.queue.get(timeout=timeout_s))
         return items
 
-
-def config_dict(config: WorkerConfig) -> dict[str, Any]:
-    return asdict(config)
