@@ -179,4 +179,3 @@ class RolloutRunner:
         while not self.queue.empty():
             items.append(self.queue.get(timeout=timeout_s))
         return items
-

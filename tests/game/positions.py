@@ -27,23 +27,8 @@ def position(
     phase: str = "S1901M",
     max_year: int = DEFAULT_MAX_YEAR,
 ) -> DiplomacyGame:
-    """A standard-map game with exactly these units: powers not named have none.
-
-    `centres=None` gives every power its home centres (the opening ownership); otherwise powers
-    not named own no centre. Fails loudly on a unit the engine does not accept (a typo in a test).
-    """
-    owned = HOMES if centres is None else centres
-    state = {
-        "name": phase,
-        "units": {p: list(units.get(p, ())) for p in POWERS},
-        "centers": {p: list(owned.get(p, ())) for p in POWERS},
-    }
-    game = DiplomacyGame.from_state(state, max_year=max_year)
-    assert not game.engine.error, game.engine.error
-    for power in POWERS:
-        assert game.units(power) == tuple(sorted(units.get(power, ()))), (power, game.units(power))
-    assert game.phase == phase
-    return game
+    """A standard-map game with exactly these units (see `DiplomacyGame.from_units`)."""
+    return DiplomacyGame.from_units(units, centres, phase, max_year)
 
 
 def random_orders(game: DiplomacyGame, rng: random.Random) -> dict[str, list[str]]:

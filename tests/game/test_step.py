@@ -315,3 +315,10 @@ def test_second_order_at_a_site_is_a_duplicate_even_with_one_build_due() -> None
         (IssueKind.ILLEGAL, "A MOS B"),
         (IssueKind.EXCESS, "WAIVE"),
     ]
+
+
+def test_from_units_rejects_a_unit_the_engine_does_not_accept() -> None:
+    with pytest.raises(ValueError, match="not accepted"):
+        DiplomacyGame.from_units({"FRANCE": ["F PAR"]})  # a fleet inland
+    game = DiplomacyGame.from_units({"FRANCE": ["A PAR"]})
+    assert game.units("FRANCE") == ("A PAR",) and game.centres("FRANCE") == ("BRE", "MAR", "PAR")

@@ -35,37 +35,7 @@ from diprl.rollout.rewards import (
     trajectory_return,
 )
 
-POWERS = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
-HOMES = {
-    "AUSTRIA": ("BUD", "TRI", "VIE"),
-    "ENGLAND": ("EDI", "LON", "LVP"),
-    "FRANCE": ("BRE", "MAR", "PAR"),
-    "GERMANY": ("BER", "KIE", "MUN"),
-    "ITALY": ("NAP", "ROM", "VEN"),
-    "RUSSIA": ("MOS", "SEV", "STP", "WAR"),
-    "TURKEY": ("ANK", "CON", "SMY"),
-}
-
-
-def position(
-    units: Mapping[str, Sequence[str]], centres: Mapping[str, Sequence[str]] | None = None, phase: str = "S1901M"
-) -> DiplomacyGame:
-    """A standard-map game with exactly these units and centres (home centres when None).
-
-    A copy of tests/game/positions.py's helper: tests/ is not a package, so it cannot be imported
-    from here under every way of running pytest.
-    """
-    owned = HOMES if centres is None else centres
-    state = {
-        "name": phase,
-        "units": {p: list(units.get(p, ())) for p in POWERS},
-        "centers": {p: list(owned.get(p, ())) for p in POWERS},
-    }
-    game = DiplomacyGame.from_state(state)
-    assert not game.engine.error, game.engine.error
-    for power in POWERS:
-        assert game.units(power) == tuple(sorted(units.get(power, ()))), (power, game.units(power))
-    return game
+position = DiplomacyGame.from_units
 
 
 # Distinct weights, so a label mixed up with another shows as a wrong number.
