@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from functools import lru_cache
 
 from diprl.bots import make_agent
@@ -30,3 +31,15 @@ def legal_order_sets(per_kind: int = 40) -> tuple[PowerOrders, ...]:
 
 def mid_game_movement_sets(min_units: int = 8) -> list[PowerOrders]:
     return [lo for lo in legal_order_sets() if lo.kind is PhaseKind.MOVEMENT and len(lo.locs) >= min_units]
+
+
+def random_step(game: DiplomacyGame, rng: random.Random) -> None:
+    """Advance one phase with uniformly random legal orders for every power."""
+    orders: dict[str, list[str]] = {}
+    for power, legal in game.all_legal_orders().items():
+        if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
+            orders[power] = [rng.choice(options) for options in legal.by_loc.values()]
+        elif legal.kind in (PhaseKind.BUILD, PhaseKind.DISBAND):
+            locs = rng.sample(sorted(legal.by_loc), legal.n_required)
+            orders[power] = [rng.choice(legal.by_loc[loc]) for loc in locs]
+    game.step(orders)

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders
 from diprl.policy.parser import ParsedOrders, RejectReason, legal_complete, normalise_line, parse_orders
 
+from .states import random_step
+
 POWERS = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
 
 
@@ -322,17 +324,6 @@ def test_power_with_nothing_to_order() -> None:
 
 
 # ------------------------------------------------------------------------------------ round trip
-def _random_step(game: DiplomacyGame, rng: random.Random) -> None:
-    orders: dict[str, list[str]] = {}
-    for power, legal in game.all_legal_orders().items():
-        if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
-            orders[power] = [rng.choice(options) for options in legal.by_loc.values()]
-        elif legal.kind in (PhaseKind.BUILD, PhaseKind.DISBAND):
-            locs = rng.sample(sorted(legal.by_loc), legal.n_required)
-            orders[power] = [rng.choice(legal.by_loc[loc]) for loc in locs]
-    game.step(orders)
-
-
 @lru_cache(maxsize=1)
 def decision_states() -> tuple[PowerOrders, ...]:
     """Every orderable (power, phase) of a few seeded random games: all four phase kinds occur."""
@@ -342,7 +333,7 @@ def decision_states() -> tuple[PowerOrders, ...]:
         game = DiplomacyGame(max_year=1912)
         while not game.is_done:
             states += [lo for lo in game.all_legal_orders().values() if lo.kind is not PhaseKind.NONE]
-            _random_step(game, rng)
+            random_step(game, rng)
     kinds = {lo.kind for lo in states}
     assert {PhaseKind.MOVEMENT, PhaseKind.BUILD, PhaseKind.DISBAND} <= kinds, kinds
     # Random play rarely dislodges: add the retreats of further seeds so every kind is covered.
@@ -353,7 +344,7 @@ def decision_states() -> tuple[PowerOrders, ...]:
             retreats = [lo for lo in game.all_legal_orders().values() if lo.kind is PhaseKind.RETREAT]
             states += retreats
             kinds |= {lo.kind for lo in retreats}
-            _random_step(game, rng)
+            random_step(game, rng)
         seed += 1
     return tuple(states)
 

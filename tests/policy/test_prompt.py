@@ -25,6 +25,8 @@ from diprl.policy.prompt import (
     prompt_token_report,
 )
 
+from .states import random_step
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -54,18 +56,6 @@ def tokenizer(request: pytest.FixtureRequest) -> Any:
     if qwen is None:
         pytest.skip("diprl.policy.tokenizer is not available")
     return qwen
-
-
-def random_step(game: DiplomacyGame, rng: random.Random) -> None:
-    """Advance one phase with uniformly random legal orders for every power."""
-    orders: dict[str, list[str]] = {}
-    for power, legal in game.all_legal_orders().items():
-        if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
-            orders[power] = [rng.choice(options) for options in legal.by_loc.values()]
-        elif legal.kind in (PhaseKind.BUILD, PhaseKind.DISBAND):
-            locs = rng.sample(sorted(legal.by_loc), legal.n_required)
-            orders[power] = [rng.choice(legal.by_loc[loc]) for loc in locs]
-    game.step(orders)
 
 
 @lru_cache(maxsize=1)
