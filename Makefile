@@ -17,6 +17,8 @@ export DIPRL_CACHE_DIR ?= $(CURDIR)/.cache
 export TMPDIR := $(DIPRL_CACHE_DIR)/tmp
 export TORCH_EXTENSIONS_DIR := $(DIPRL_CACHE_DIR)/torch_extensions
 export TORCHINDUCTOR_CACHE_DIR := $(DIPRL_CACHE_DIR)/inductor
+# Ray workers import this checkout (not whichever one the venv was installed from).
+export PYTHONPATH := $(CURDIR)
 
 ARENA_ARGS ?= --hero dumbbot --opponents random --games 70 --max-year 1935
 
