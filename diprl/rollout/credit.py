@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+TRAIN_TURNS = ("fork", "all")
 OPEN_TAG = "<orders>"
 CLOSE_TAG = "</orders>"
 
@@ -48,8 +49,15 @@ class CreditConfig:
     # Divide by the group's std (GRPO). False keeps r - mean (Dr. GRPO): advantages are then in
     # return units, so `order_coef` must shrink with them.
     normalise: bool = True
+    # Which hero turns yield TrainingRecords. "fork": the forked decision only (every record of a group
+    # is on the same state: the exact GRPO comparison). "all": every hero turn of each fork up to the
+    # horizon, each carrying its fork's group advantage (the seed design's broadcast: more tokens per
+    # group, credit spread over the turns that led to the return). The learner cannot tell them apart.
+    train_turns: str = "fork"
 
     def __post_init__(self) -> None:
+        if self.train_turns not in TRAIN_TURNS:
+            raise ValueError(f"credit.train_turns must be one of {', '.join(TRAIN_TURNS)}, got {self.train_turns!r}")
         if not self.eps > 0:
             raise ValueError(f"credit.eps must be positive, got {self.eps}")
         if not np.isfinite(self.order_coef):

@@ -58,6 +58,16 @@ class EpisodeOutput:
     phases: int = 0  # fork-phases stepped (each fork's phase counts once)
     completions: int = 0
     bad_completions: int = 0
+    untrainable_completions: int = 0  # hero completions with an error or no tokens: left out of the group
+
+
+@dataclass(frozen=True)
+class HeroTurn:
+    """One LLM seat's turn: the phase, the legal orders it was constrained by, and the server's answer."""
+
+    phase: str
+    legal: dict[str, Any]
+    answer: dict[str, Any]
 
 
 class Episode:
@@ -78,8 +88,11 @@ class Episode:
         bots: dict[str, Agent],
         out: EpisodeOutput,
         active: Sequence[bool] | None = None,
-    ) -> tuple[list[PhaseRecord | None], dict[tuple[int, str], dict[str, Any]]]:
-        """One phase of every active, unfinished game; all LLM requests of all games in one batched call."""
+    ) -> tuple[list[PhaseRecord | None], dict[tuple[int, str], HeroTurn]]:
+        """One phase of every active, unfinished game; all LLM requests of all games in one batched call.
+
+        Returns each game's phase record and, per (game index, power) LLM seat, the turn it played.
+        """
         playing = [not g.is_done and (active is None or active[i]) for i, g in enumerate(games)]
         orders: list[dict[str, list[str]]] = [{} for _ in games]
         requests, where = [], []
@@ -104,9 +117,9 @@ class Episode:
         start = time.perf_counter()
         answers = self.client.generate(requests) if requests else []
         out.timings["inference"] += time.perf_counter() - start
-        by_seat: dict[tuple[int, str], dict[str, Any]] = {}
-        for (i, power), answer in zip(where, answers, strict=True):
-            by_seat[(i, power)] = answer
+        by_seat: dict[tuple[int, str], HeroTurn] = {}
+        for (i, power), request, answer in zip(where, requests, answers, strict=True):
+            by_seat[(i, power)] = HeroTurn(phase=games[i].phase, legal=request["legal"], answer=answer)
             out.completions += 1
             if answer.get("error") or not answer.get("complete", False):
                 out.bad_completions += 1
@@ -141,14 +154,20 @@ class Episode:
 
         root_phase, root_year = game.phase, game.year
         forks = [game.fork() for _ in range(cfg.group_size)]
-        _, first_answers = self._play_phase(forks, match, bots, out)
-        hero_answers = [first_answers.get((i, match.hero), {}) for i in range(len(forks))]
+        _, first_turns = self._play_phase(forks, match, bots, out)
+        hero_turns: list[list[HeroTurn]] = [
+            [first_turns[(i, match.hero)]] if (i, match.hero) in first_turns else [] for i in range(len(forks))
+        ]
+        hero_answers = [turns[0].answer if turns else {} for turns in hero_turns]
 
         def before_horizon() -> list[bool]:
             return [not f.is_done and f.year < root_year + cfg.horizon_years for f in forks]
 
         while any(before_horizon()):
-            self._play_phase(forks, match, bots, out, before_horizon())
+            _, turns = self._play_phase(forks, match, bots, out, before_horizon())
+            for i in range(len(forks)):
+                if (i, match.hero) in turns:
+                    hero_turns[i].append(turns[(i, match.hero)])
 
         start = time.perf_counter()
         scores = []
@@ -161,37 +180,49 @@ class Episode:
         if advantages is None:
             out.skipped_zero_variance = True
         elif match.trains:
-            hero_legal = game.legal_orders(match.hero).to_dict()
+            all_turns = self.credit.cfg.train_turns == "all"
             records = []
-            for answer, score, advantage in zip(hero_answers, scores, advantages, strict=True):
-                token_adv = self.credit.token_advantages(
-                    advantage, answer["token_ids"], self.table.texts, answer.get("orders") or [], score.order_rewards
-                )
-                records.append(
-                    TrainingRecord(
-                        prompt_ids=list(answer.get("prompt_ids") or []),
-                        completion_ids=list(answer["token_ids"]),
-                        behaviour_logprobs=list(answer["logprobs"]),
-                        legal=hero_legal,
-                        advantages=token_adv,
-                        policy_version=match.seats[match.hero],
-                        temperature=cfg.temperature,
-                        power=match.hero,
-                        phase=root_phase,
-                        reward=score.total,
-                        reward_components=dict(score.components),
-                        order_rewards=dict(score.order_rewards),
+            for turns, score, advantage in zip(hero_turns, scores, advantages, strict=True):
+                for turn_index, turn in enumerate(turns if all_turns else turns[:1]):
+                    answer = turn.answer
+                    if answer.get("error") or not answer.get("token_ids") or not answer.get("prompt_ids"):
+                        out.untrainable_completions += 1  # counted, never trained on, never fatal
+                        continue
+                    # Per-order rewards are scored for the forked decision only; later turns carry the
+                    # fork's group advantage alone.
+                    order_rewards = score.order_rewards if turn_index == 0 else {}
+                    token_adv = self.credit.token_advantages(
+                        advantage, answer["token_ids"], self.table.texts, answer.get("orders") or [], order_rewards
                     )
+                    records.append(
+                        TrainingRecord(
+                            prompt_ids=list(answer["prompt_ids"]),
+                            completion_ids=list(answer["token_ids"]),
+                            behaviour_logprobs=list(answer["logprobs"]),
+                            legal=turn.legal,
+                            advantages=token_adv,
+                            policy_version=match.seats[match.hero],
+                            temperature=cfg.temperature,
+                            power=match.hero,
+                            phase=turn.phase,
+                            reward=score.total,
+                            reward_components=dict(score.components),
+                            order_rewards=dict(order_rewards),
+                        )
+                    )
+            out.group = (
+                None
+                if not records
+                else TrajectoryGroup(
+                    group_id=f"{match.match_id}/{root_phase}",
+                    match_id=match.match_id,
+                    hero=match.hero,
+                    phase=root_phase,
+                    policy_version=match.seats[match.hero],
+                    records=records,
+                    returns=returns,
+                    advantage_std=std,
                 )
-            out.group = TrajectoryGroup(
-                group_id=f"{match.match_id}/{root_phase}",
-                match_id=match.match_id,
-                hero=match.hero,
-                phase=root_phase,
-                policy_version=match.seats[match.hero],
-                records=records,
-                returns=returns,
-                advantage_std=std,
             )
         out.timings["rewards"] += time.perf_counter() - start
         if rng.random() < cfg.trace_fraction:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,32 +50,52 @@ def stratified_matches(
         yield Match(match_id=f"{prefix}{seed}-{i}", seats=seats, hero=hero, seed=seed * 1_000_003 + i)
 
 
+def policy_of(version: str) -> str:
+    """The trained policy a version belongs to: "main@v3" -> "main"; "base" and bots have none ("")."""
+    return version.split("@", 1)[0] if "@" in version else ""
+
+
 @ray.remote
 class GroupLedger:
-    """Exactly-once delivery of trajectory groups into a bounded queue."""
+    """Exactly-once delivery of trajectory groups into bounded queues, one per trained policy.
 
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
+    `queues` is one queue that takes every group, or a mapping from policy name to that policy's
+    learner queue: a group goes to the queue of the policy its hero played (`main@v3` -> `main`).
+    A group for a policy no learner trains (the hero was `base`) is counted, not queued.
+    """
+
+    def __init__(self, queues: Queue | Mapping[str, Queue]) -> None:
+        self.queues: dict[str, Queue] | Queue = dict(queues) if isinstance(queues, Mapping) else queues
         self.accepted: set[str] = set()
         self.in_flight: set[str] = set()
         self.duplicates = 0
+        self.unroutable = 0
+
+    def _queue_for(self, group: dict[str, Any]) -> Queue | None:
+        if not isinstance(self.queues, dict):
+            return self.queues
+        return self.queues.get(policy_of(str(group.get("policy_version", ""))))
 
     async def deliver(self, group: dict[str, Any], timeout_s: float | None = None) -> bool:
-        """Put `group` in the queue unless a group with its id was already accepted; True if put."""
+        """Put `group` in its policy's queue unless a group with its id was already accepted; True if put."""
         group_id = group["group_id"]
         if group_id in self.accepted or group_id in self.in_flight:
             self.duplicates += 1
             return False
+        queue = self._queue_for(group)
+        if queue is None:
+            self.unroutable += 1
+            return False
         self.in_flight.add(group_id)  # no await before this line: check-and-mark is atomic
         try:
-            await self.queue.put_async(group, block=True, timeout=timeout_s)
+            await queue.put_async(group, block=True, timeout=timeout_s)
         finally:
             self.in_flight.discard(group_id)
         self.accepted.add(group_id)
         return True
 
     def stats(self) -> dict[str, int]:
-        return {"accepted": len(self.accepted), "duplicates": self.duplicates}
+        return {"accepted": len(self.accepted), "duplicates": self.duplicates, "unroutable": self.unroutable}
 
 
 @ray.remote(max_restarts=-1, max_task_retries=-1)
@@ -127,6 +147,8 @@ class RolloutWorker:
             "phases": out.phases,
             "completions": out.completions,
             "bad_completions": out.bad_completions,
+            "untrainable_completions": out.untrainable_completions,
+            "group_records": len(out.group.records) if out.group else 0,
             "worker_pid": self.pid,
         }
 

@@ -109,3 +109,24 @@ def test_rollout_through_the_policy_server_with_the_tiny_model(ray_cluster: None
             check_group(group, 2)
     finally:
         serve.delete("policy")
+
+
+def test_ledger_routes_groups_to_their_policys_queue_once(ray_cluster: None) -> None:
+    import ray
+    from ray.util.queue import Queue
+
+    from diprl.rollout.worker import GroupLedger
+
+    queues = {"main": Queue(maxsize=4), "main_exploiter": Queue(maxsize=4)}
+    ledger = GroupLedger.remote(queues)  # type: ignore[attr-defined]
+    groups = [
+        {"group_id": "a", "policy_version": "main@v1"},
+        {"group_id": "b", "policy_version": "main_exploiter@v3"},
+        {"group_id": "a", "policy_version": "main@v1"},  # a retried match: dropped
+        {"group_id": "c", "policy_version": "base"},  # no learner trains base: counted, not queued
+    ]
+    delivered = [ray.get(ledger.deliver.remote(g)) for g in groups]
+    assert delivered == [True, True, False, False]
+    assert [g["group_id"] for g in [queues["main"].get(timeout=5)]] == ["a"]
+    assert queues["main"].empty() and queues["main_exploiter"].get(timeout=5)["group_id"] == "b"
+    assert ray.get(ledger.stats.remote()) == {"accepted": 2, "duplicates": 1, "unroutable": 1}

@@ -1,0 +1,89 @@
+"""Episode without Ray or an engine: which hero turns become TrainingRecords under each `train_turns`."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from diprl.game import PowerOrders
+from diprl.policy.constraint import OrderConstraint
+from diprl.policy.tokenizer import load_tokenizer
+from diprl.policy.vocab import TokenTable, token_table
+from diprl.rollout.clients import UniformConstrainedClient
+from diprl.rollout.credit import CreditAssigner, CreditConfig
+from diprl.rollout.episode import Episode, EpisodeConfig
+from diprl.rollout.rewards import Rubric, load_reward_config
+from diprl.rollout.types import Match
+from diprl.rollout.worker import policy_of
+
+POWERS = ["AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY"]
+
+
+@cache
+def _table() -> tuple[object, TokenTable]:
+    tokenizer = load_tokenizer()
+    return tokenizer, token_table(tokenizer, 151936)
+
+
+def _episode(train_turns: str, group_size: int = 3) -> Episode:
+    tokenizer, table = _table()
+    reward = load_reward_config("default")
+    credit = CreditAssigner(CreditConfig(train_turns=train_turns))
+    config = EpisodeConfig(group_size=group_size, warmup_max_phases=0, horizon_years=1, trace_fraction=0.0)
+    client = UniformConstrainedClient(table, seed=3, tokenizer=tokenizer)
+    return Episode(config, Rubric(reward), credit, client, table)
+
+
+def _match(seed: int) -> Match:
+    seats = {p: "bot:random" for p in POWERS} | {"FRANCE": "main@v2"}
+    return Match(match_id=f"t{seed}", seats=seats, hero="FRANCE", seed=seed)
+
+
+def _check_records(records: list[dict]) -> None:
+    _, table = _table()
+    for record in records:
+        n = len(record["completion_ids"])
+        assert n > 0 and len(record["behaviour_logprobs"]) == n == len(record["advantages"])
+        legal = PowerOrders.from_dict(record["legal"])
+        assert legal.phase == record["phase"], "each record carries the legal orders of its own phase"
+        OrderConstraint(legal, table).masks_for(record["completion_ids"])  # raises if off-grammar
+
+
+def test_fork_turns_train_only_the_forked_decision() -> None:
+    out = _episode("fork").run(_match(11))
+    assert out.group is not None
+    group = out.group.to_dict()
+    assert len(group["records"]) == 3
+    assert {r["phase"] for r in group["records"]} == {group["phase"]}
+    _check_records(group["records"])
+
+
+def test_all_turns_train_every_hero_turn_of_each_fork_with_its_group_advantage() -> None:
+    fork_out = _episode("fork").run(_match(11))
+    all_out = _episode("all").run(_match(11))
+    assert fork_out.group is not None and all_out.group is not None
+    records = all_out.group.to_dict()["records"]
+    # Spring decision + autumn + (maybe retreats) + winter adjustments: more than one turn per fork.
+    assert len(records) > 3
+    phases = [r["phase"] for r in records]
+    assert phases.count(all_out.group.phase) == 3 and len(set(phases)) > 1
+    _check_records(records)
+    # Same seeds, same play: the forked decision's records are identical under both settings.
+    first = [r for r in records if r["phase"] == all_out.group.phase]
+    assert [r["completion_ids"] for r in first] == [r.completion_ids for r in fork_out.group.records]
+    # Later turns carry their fork's group advantage alone (no per-order term): one value per completion.
+    for r in records:
+        if r["phase"] != all_out.group.phase:
+            assert len(set(r["advantages"])) == 1 and r["order_rewards"] == {}
+
+
+def test_train_turns_rejects_unknown_values() -> None:
+    with pytest.raises(ValueError, match="train_turns"):
+        CreditConfig(train_turns="every")
+
+
+def test_policy_of_routes_versions_to_their_learner() -> None:
+    assert policy_of("main@v3") == "main"
+    assert policy_of("main_exploiter@v12") == "main_exploiter"
+    assert policy_of("base") == "" and policy_of("bot:random") == ""
