@@ -95,7 +95,8 @@ class Episode:
         """
         playing = [not g.is_done and (active is None or active[i]) for i, g in enumerate(games)]
         orders: list[dict[str, list[str]]] = [{} for _ in games]
-        requests, where = [], []
+        requests: list[dict[str, Any]] = []
+        where: list[tuple[int, str]] = []
         for i, game in enumerate(games):
             if not playing[i]:
                 continue
@@ -164,10 +165,10 @@ class Episode:
             return [not f.is_done and f.year < root_year + cfg.horizon_years for f in forks]
 
         while any(before_horizon()):
-            _, turns = self._play_phase(forks, match, bots, out, before_horizon())
+            _, later = self._play_phase(forks, match, bots, out, before_horizon())
             for i in range(len(forks)):
-                if (i, match.hero) in turns:
-                    hero_turns[i].append(turns[(i, match.hero)])
+                if (i, match.hero) in later:
+                    hero_turns[i].append(later[(i, match.hero)])
 
         start = time.perf_counter()
         scores = []
