@@ -150,6 +150,8 @@ def test_saved_game_shows_civil_disorder_disbands_and_waives() -> None:
     loaded = from_saved_game_format(saved)
     assert loaded.order_history["W1901A"]["RUSSIA"] == ["F SEV D", "F STP/SC D"]
     assert sorted(loaded.get_power("RUSSIA").units) == ["A MOS", "A WAR"]
+    # The engine renders that winter with the recorded orders (WAIVE and civil-disorder disbands included).
+    assert render_svg(game, "W1901A") != render_svg(game, "W1901A", incl_orders=False)
 
 
 def test_replaying_the_record_reproduces_the_game() -> None:
