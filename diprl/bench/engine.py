@@ -6,8 +6,9 @@ Two measurements, both on seeded random-order games so that any run can be repro
   the legal orders of each power separately (every query recomputes all possible orders) and submits
   with the default `set_orders` (which re-parses and re-expands each order), and (b) `DiplomacyGame`, which
   computes the legal orders once per phase and submits validated orders on the engine's fast path. Both
-  paths draw their orders through one function from one seeded stream, so they must end in identical
-  engine states; a mismatch means one of them changes the game and fails the run.
+  paths draw their orders through one function (`diprl.game.random_power_orders`, the one RandomBot
+  plays by) from one seeded stream, so they must end in identical engine states; a mismatch means one
+  of them changes the game and fails the run.
 * Fork cost. `copy.deepcopy(engine)` against `DiplomacyGame.fork()` at several depths of one game, plus a
   check that an order given to each copy is actually played (the deepcopy'd engine keeps a unit-owner
   cache pointing at the original's powers, so its move orders are silently rejected and every unit holds).
@@ -32,7 +33,14 @@ from typing import Any
 
 from diplomacy import Game
 
-from diprl.game import SOLO_CENTRES, DiplomacyGame, PhaseKind, PowerOrders, compute_legal_orders
+from diprl.game import (
+    SOLO_CENTRES,
+    DiplomacyGame,
+    PhaseKind,
+    compute_legal_orders,
+    random_orders,
+    random_power_orders,
+)
 
 DEFAULT_GAMES = 20
 DEFAULT_MAX_YEAR = 1910
@@ -40,32 +48,6 @@ DEFAULT_FORK_AT = (0, 10, 40, 90)
 # Long enough that a random-order game is still running after the deepest fork checkpoint.
 FORK_GAME_MAX_YEAR = 1960
 TARGET_SPEEDUP = 2.0
-
-
-# --------------------------------------------------------------------------------------------- orders
-def random_power_orders(legal: PowerOrders, rng: random.Random) -> list[str]:
-    """Random legal orders for one power, drawing from `rng` only when the power has something to order.
-
-    Both benchmark paths call this once per orderable power, in sorted power order, so that they consume
-    the same random stream and therefore play the same game. Inputs are sorted (the legal lists already
-    are) so the draw does not depend on Python's hash seed.
-    """
-    if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
-        return [rng.choice(legal.by_loc[loc]) for loc in sorted(legal.by_loc)]
-    if legal.kind is PhaseKind.BUILD:
-        sites = sorted(legal.by_loc)
-        rng.shuffle(sites)
-        return [rng.choice(legal.by_loc[site]) for site in sites[: legal.n_required]]
-    if legal.kind is PhaseKind.DISBAND:
-        locs = sorted(legal.by_loc)
-        rng.shuffle(locs)
-        return [legal.by_loc[loc][0] for loc in locs[: legal.n_required]]
-    return []
-
-
-def random_orders(legal: Mapping[str, PowerOrders], rng: random.Random) -> dict[str, list[str]]:
-    """Random legal orders for every power, powers in sorted order (see `random_power_orders`)."""
-    return {power: random_power_orders(legal[power], rng) for power in sorted(legal)}
 
 
 # ---------------------------------------------------------------------------------------------- games

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Protocol, runtime_checkable
 
-from diprl.game import DiplomacyGame, PhaseKind, PowerOrders
+from diprl.game import DiplomacyGame
 
 
 @runtime_checkable
@@ -15,21 +15,6 @@ class Agent(Protocol):
     name: str
 
     def orders(self, game: DiplomacyGame, power: str) -> list[str]: ...
-
-
-def pick_adjustments(
-    legal: PowerOrders, ranked_locs: list[str], choose_order: dict[str, str] | None = None
-) -> list[str]:
-    """Turn a ranking of sites (builds) or units (disbands) into exactly `n_required` orders.
-
-    Builds take the first sites of the ranking (WAIVE for any the ranking leaves out); disbands
-    take the first units. `choose_order` picks the order for a site (e.g. army vs fleet).
-    """
-    chosen = ranked_locs[: legal.n_required]
-    orders = [(choose_order or {}).get(loc, legal.by_loc[loc][0]) for loc in chosen]
-    if legal.kind is PhaseKind.BUILD:
-        orders += ["WAIVE"] * (legal.n_required - len(orders))
-    return orders
 
 
 class SeededAgent:

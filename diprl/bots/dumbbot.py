@@ -77,12 +77,17 @@ class Evaluation:
         size = {p: power_size(len(game.centres(p))) for p in game.powers}
         neutral_size = power_size(n_unowned)
 
-        # Who can reach each province: strength (mine) and competition (largest other power).
+        # Who can reach each province: strength (mine) and competition (largest other power). The
+        # original counts adjacencies, not units: a unit adds one for its own province and one per
+        # adjacent node, so a fleet bordering two coasts of a province (F MAO or F POR for SPA, F CON
+        # for BUL) adds two there.
         reach: dict[str, dict[str, int]] = {p: {} for p in game.powers}
         for p in game.powers:
             counts = reach[p]
             for unit in game.units(p):
-                for prov in {unit[2:5], *graph.reachable_provinces(unit)}:
+                counts[unit[2:5]] = counts.get(unit[2:5], 0) + 1
+                for j in graph.neighbours[graph.node_index[unit]]:
+                    prov = graph.node_province[j]
                     counts[prov] = counts.get(prov, 0) + 1
         self.strength = reach[power]
         self.competition: dict[str, int] = {}
@@ -140,10 +145,12 @@ class DumbBot(SeededAgent):
         return self.rng.randrange(100)
 
     def choose(self, candidates: list[tuple[int, str]], ascending: bool = False) -> str | None:
-        """Walk down the ranked candidates: move on while rand%100 < 50 and rand%100 >= gap*500/value.
+        """Walk the ranked candidates: move on while rand%100 < 50 and rand%100 >= (cur - next)*500/cur.
 
         Candidates with equal values collapse to the first seen. `ascending` ranks lowest first
-        (removals); the gap is then taken as a magnitude so the rule keeps its meaning.
+        (removals). The difference is signed, as in the original: walking upward (or from a negative
+        value) makes the second term <= 0, so each step then moves on with probability 1/2 and a
+        removal is not always the lowest-value unit.
         """
         if not candidates:
             return None
@@ -156,7 +163,7 @@ class DumbBot(SeededAgent):
         while i + 1 < len(distinct):
             cur, nxt = distinct[i][0], distinct[i + 1][0]
             r1, r2 = self._rand100(), self._rand100()
-            threshold = _cdiv(abs(cur - nxt) * 500, abs(cur)) if cur != 0 else 0
+            threshold = _cdiv((cur - nxt) * 500, cur) if cur != 0 else 0
             if r1 < 50 and r2 >= threshold:
                 i += 1
             else:

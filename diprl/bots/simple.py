@@ -6,8 +6,8 @@ defensive), so that a learned policy's results against them say something about 
 
 from __future__ import annotations
 
-from diprl.bots.base import SeededAgent, pick_adjustments
-from diprl.game import DiplomacyGame, PhaseKind, PowerOrders
+from diprl.bots.base import SeededAgent
+from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, random_power_orders
 from diprl.game.mapgraph import map_graph
 from diprl.game.orders import MOVE, RETREAT, SUPPORT, parse_order
 
@@ -17,28 +17,18 @@ def _of_kind(orders: tuple[str, ...], kind: str) -> list[str]:
 
 
 class RandomBot(SeededAgent):
-    """Uniform over each unit's legal orders; random build sites and disbands."""
+    """Uniform over each unit's legal orders; random build sites and disbands (`random_power_orders`)."""
 
     name = "random"
 
     def orders(self, game: DiplomacyGame, power: str) -> list[str]:
-        legal = game.legal_orders(power)
-        if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
-            return [self.rng.choice(orders) for orders in legal.by_loc.values()]
-        return self.random_adjustments(legal)
-
-    def random_adjustments(self, legal: PowerOrders) -> list[str]:
-        if legal.kind is PhaseKind.NONE:
-            return []
-        locs = list(legal.by_loc)
-        self.rng.shuffle(locs)
-        return pick_adjustments(legal, locs, {loc: self.rng.choice(legal.by_loc[loc]) for loc in locs})
+        return random_power_orders(game.legal_orders(power), self.rng)
 
     def retreats_or_adjustments(self, legal: PowerOrders) -> list[str]:
         """Retreat somewhere rather than disband; adjust at random (the non-random bots' default)."""
         if legal.kind is PhaseKind.RETREAT:
             return [self.rng.choice(_of_kind(o, RETREAT) or list(o)) for o in legal.by_loc.values()]
-        return self.random_adjustments(legal)
+        return random_power_orders(legal, self.rng)
 
 
 class HoldBot(RandomBot):

@@ -9,13 +9,14 @@ replays of forks complete.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from diplomacy import Game
 
 from diprl.game.legal import PhaseKind, PowerOrders, compute_legal_orders
-from diprl.game.validate import OrderIssue, validate_orders
+from diprl.game.orders import DISBAND, WAIVE, parse_order
+from diprl.game.validate import IssueKind, OrderIssue, validate_orders
 
 DEFAULT_MAX_YEAR = 1935
 SOLO_CENTRES = 18
@@ -31,13 +32,32 @@ class UnknownPowerError(ValueError):
 
 @dataclass(frozen=True)
 class PhaseRecord:
-    """One processed phase: engine state before adjudication, orders played, results per unit."""
+    """One processed phase: engine state before adjudication, orders played, results per unit.
+
+    `orders` holds every order that was adjudicated, per power and sorted: the orders as played after
+    validation (defaults included), WAIVEs, and the disbands the engine's civil-disorder rule chose for
+    a power that ordered too few. `results` is keyed by unit ("A PAR"); an empty tuple is a success.
+    """
 
     name: str
     state: Mapping[str, Any]
     orders: Mapping[str, tuple[str, ...]]
     results: Mapping[str, tuple[str, ...]]
     issues: tuple[OrderIssue, ...]
+
+
+def _name_civil_disorder_disbands(
+    issues: Sequence[OrderIssue], civil_disorder: Mapping[str, Sequence[str]]
+) -> tuple[OrderIssue, ...]:
+    """Fill in the disband the engine chose for each missing disband order (known only after processing)."""
+    remaining = {power: list(disbands) for power, disbands in civil_disorder.items()}
+    out = []
+    for issue in issues:
+        pending = remaining.get(issue.power)
+        if issue.kind is IssueKind.MISSING and not issue.replacement and pending:
+            issue = replace(issue, replacement=pending.pop(0))
+        out.append(issue)
+    return tuple(out)
 
 
 class DiplomacyGame:
@@ -150,19 +170,41 @@ class DiplomacyGame:
         for power in orders:
             self.check_power(power)
         issues: list[OrderIssue] = []
+        waives: dict[str, int] = {}
+        disbanding: dict[str, tuple[str, ...]] = {}
         for power, legal in self.all_legal_orders().items():
             accepted, power_issues = validate_orders(legal, orders.get(power, ()))
             issues.extend(power_issues)
+            waives[power] = accepted.count(WAIVE)
+            if legal.kind is PhaseKind.DISBAND:
+                disbanding[power] = self.units(power)
             if accepted:
                 # Orders are validated against the engine's own lists: the fast path is safe.
                 self._engine.set_orders(power, accepted, expand=False)
         data = self._engine.process()
+        played = {p: list(o or ()) for p, o in data.orders.items()}
+        # The engine's record of the phase leaves out two kinds of adjudicated orders: WAIVEs (its
+        # `get_orders` filters them) and the disbands its civil-disorder rule adds during processing
+        # (the orders are read before processing). Both are restored here so replays, prompts and
+        # behavioural metrics see everything that was adjudicated.
+        for power, n in waives.items():
+            played.setdefault(power, []).extend([WAIVE] * n)
+        civil_disorder: dict[str, list[str]] = {}
+        for power, before in disbanding.items():
+            ordered = {parse_order(o).unit for o in played.get(power, ())}
+            removed = sorted(set(before) - set(self.units(power)) - ordered)
+            civil_disorder[power] = [f"{unit} {DISBAND}" for unit in removed]
+            played.setdefault(power, []).extend(civil_disorder[power])
         record = PhaseRecord(
             name=str(data.name),
             state=data.state,
-            orders={p: tuple(sorted(o or ())) for p, o in sorted(data.orders.items())},
-            results={unit: tuple(str(c) for c in codes if str(c)) for unit, codes in data.results.items()},
-            issues=tuple(issues),
+            orders={p: tuple(sorted(o)) for p, o in sorted(played.items())},
+            # The engine files a 'void' under the pseudo-unit "WAIVE" for every waived build it then
+            # re-adds itself; a WAIVE has no unit and no outcome, so that entry is dropped.
+            results={
+                unit: tuple(str(c) for c in codes if str(c)) for unit, codes in data.results.items() if unit != WAIVE
+            },
+            issues=_name_civil_disorder_disbands(issues, civil_disorder),
         )
         self._history.append(record)
         self._legal = None

@@ -1,12 +1,11 @@
-"""Hand-made positions and seeded random play shared by the game-layer tests."""
+"""Hand-made positions shared by the game-layer tests."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame, PhaseKind
+from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
 
 POWERS = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
 
@@ -29,18 +28,6 @@ def position(
 ) -> DiplomacyGame:
     """A standard-map game with exactly these units (see `DiplomacyGame.from_units`)."""
     return DiplomacyGame.from_units(units, centres, phase, max_year)
-
-
-def random_orders(game: DiplomacyGame, rng: random.Random) -> dict[str, list[str]]:
-    """One uniformly random legal order set for every power that has something to order."""
-    orders: dict[str, list[str]] = {}
-    for power, legal in game.all_legal_orders().items():
-        if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
-            orders[power] = [rng.choice(options) for options in legal.by_loc.values()]
-        elif legal.kind in (PhaseKind.BUILD, PhaseKind.DISBAND):
-            locs = rng.sample(sorted(legal.by_loc), legal.n_required)
-            orders[power] = [rng.choice(legal.by_loc[loc]) for loc in locs]
-    return orders
 
 
 def without_timestamp(state: Mapping[str, Any]) -> dict[str, Any]:

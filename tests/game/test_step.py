@@ -258,9 +258,36 @@ def test_missing_disbands_are_reported_and_the_engine_removes_units() -> None:
     # 4 units, 2 centres: two disbands are due and none is ordered.
     game = position({"RUSSIA": ["A MOS", "A WAR", "F SEV", "F STP/SC"]}, {"RUSSIA": ["MOS", "WAR"]}, phase="W1901A")
     record = game.step({})
-    assert _issues(record.issues, "RUSSIA") == [(IssueKind.MISSING, "", ""), (IssueKind.MISSING, "", "")]
+    # The engine's civil-disorder rule removes the units farthest from home, fleets first on a tie:
+    # all four are at home, so both fleets go. The record and the issues name them.
     assert game.phase == "S1902M"
-    assert len(game.units("RUSSIA")) == 2
+    assert game.units("RUSSIA") == ("A MOS", "A WAR")
+    assert record.orders["RUSSIA"] == ("F SEV D", "F STP/SC D")
+    assert _issues(record.issues, "RUSSIA") == [
+        (IssueKind.MISSING, "", "F SEV D"),
+        (IssueKind.MISSING, "", "F STP/SC D"),
+    ]
+
+
+def test_a_partly_ordered_disband_records_both_disbands() -> None:
+    game = position({"RUSSIA": ["A MOS", "A WAR", "F SEV", "F STP/SC"]}, {"RUSSIA": ["MOS", "WAR"]}, phase="W1901A")
+    record = game.step({"RUSSIA": ["A WAR D"]})
+    assert game.units("RUSSIA") == ("A MOS", "F STP/SC")  # F SEV: a fleet, at home like the rest
+    assert record.orders["RUSSIA"] == ("A WAR D", "F SEV D")
+    assert _issues(record.issues, "RUSSIA") == [(IssueKind.MISSING, "", "F SEV D")]
+    assert record.results == {"A WAR": (), "F SEV": ()}
+
+
+def test_waives_are_recorded_and_have_no_result() -> None:
+    game = _russia_two_builds()
+    record = game.step({"RUSSIA": ["WAIVE", "A STP B"]})
+    assert record.orders["RUSSIA"] == ("A STP B", "WAIVE")
+    assert record.results == {"A STP": ()}  # the engine's 'void' entries under a pseudo-unit "WAIVE" are gone
+    # A build left out is a WAIVE too, recorded like one ordered.
+    game = _russia_two_builds()
+    record = game.step({})
+    assert record.orders["RUSSIA"] == ("WAIVE", "WAIVE")
+    assert _issues(record.issues, "RUSSIA") == [(IssueKind.MISSING, "", "WAIVE")] * 2
 
 
 # -------------------------------------------------------------- end of game

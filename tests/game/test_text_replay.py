@@ -125,3 +125,48 @@ def test_render_svg() -> None:
     assert "<svg" in current and current != past
     with pytest.raises(KeyError, match="S1850M"):
         render_svg(game, "S1850M")
+
+
+# ------------------------------------------- what the engine decides on its own is in the record
+def _winter_with_civil_disorder_and_a_waive() -> DiplomacyGame:
+    """W1901A: Russia (4 units, 2 centres) orders no disband; Germany (3 centres, 1 unit) waives one build."""
+    game = DiplomacyGame.from_units(
+        {"RUSSIA": ["A MOS", "A WAR", "F SEV", "F STP/SC"], "GERMANY": ["A MUN"]},
+        {"RUSSIA": ["MOS", "WAR"], "GERMANY": ["BER", "KIE", "MUN"]},
+        phase="W1901A",
+    )
+    game.step({"GERMANY": ["A BER B", "WAIVE"]})
+    return game
+
+
+def test_saved_game_shows_civil_disorder_disbands_and_waives() -> None:
+    game = _winter_with_civil_disorder_and_a_waive()
+    saved = to_saved_game(game)
+    winter = saved["phases"][0]
+    assert winter["name"] == "W1901A"
+    assert winter["orders"]["RUSSIA"] == ["F SEV D", "F STP/SC D"]
+    assert winter["orders"]["GERMANY"] == ["A BER B", "WAIVE"]
+    assert "WAIVE" not in winter["results"]
+    loaded = from_saved_game_format(saved)
+    assert loaded.order_history["W1901A"]["RUSSIA"] == ["F SEV D", "F STP/SC D"]
+    assert sorted(loaded.get_power("RUSSIA").units) == ["A MOS", "A WAR"]
+    # The engine renders that winter with the recorded orders (WAIVE and civil-disorder disbands included).
+    assert render_svg(game, "W1901A") != render_svg(game, "W1901A", incl_orders=False)
+
+
+def test_replaying_the_record_reproduces_the_game() -> None:
+    """The recorded orders are complete: stepping them on the pre-phase state gives the same board."""
+    game = _winter_with_civil_disorder_and_a_waive()
+    record = game.history[-1]
+    again = DiplomacyGame.from_state(record.state)
+    replayed = again.step({p: list(o) for p, o in record.orders.items()})
+    assert replayed.issues == ()  # nothing missing: no default and no civil disorder this time
+    assert replayed.orders == record.orders
+    for power in POWERS:
+        assert again.units(power) == game.units(power)
+
+
+def test_last_phase_text_shows_civil_disorder_disbands_and_waives() -> None:
+    text = last_phase_text(_winter_with_civil_disorder_and_a_waive())
+    assert "RUSSIA: F SEV D; F STP/SC D" in text
+    assert "GERMANY: A BER B; WAIVE" in text
