@@ -7,7 +7,8 @@ request), so everything is checked here, exactly: types (a bool is not an int), 
 the engine's real limits (context length, vocabulary, finite temperature), and legal orders that
 are consistent with their own locations and phase and leave something to order.
 
-`validate_request` returns a `ValidRequest` or raises `RequestError` naming the field.
+`validate_request` returns a `ValidRequest` or raises `RequestError` naming the field (or
+`InvalidAdapterName` for a policy that is not `base` / `<policy>@v<N>`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diprl.game.legal import PhaseKind, PowerOrders
+from diprl.inference.adapters import parse_policy_ref
 
 REQUEST_KEYS = frozenset(
     {"policy", "prompt", "legal", "temperature", "max_tokens", "reasoning_max_tokens", "request_id"}
@@ -111,6 +113,7 @@ def validate_request(request: Any, limits: EngineLimits) -> ValidRequest:
     policy = request.get("policy", "base")
     if not isinstance(policy, str):
         raise RequestError(f"'policy' must be a string ('base' or '<policy>@v<N>'), got {_describe(policy)}")
+    parse_policy_ref(policy)  # InvalidAdapterName (an AdapterError) for anything but base / <policy>@v<N>
 
     max_tokens = request.get("max_tokens", DEFAULT_MAX_TOKENS)
     if not _is_int(max_tokens) or not 1 <= max_tokens <= limits.max_model_len:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 import uuid
@@ -68,6 +69,15 @@ def resolve_model(config: ServerConfig) -> tuple[str, str]:
         preset = load_preset(config.model)
         return str(resolve_model_path(preset)), config.dtype or preset.dtype
     return config.model, config.dtype or "auto"
+
+
+def _child_pids() -> list[int]:
+    """This process's children (vLLM's engine core runs in one), from /proc; empty where there is none."""
+    pids: list[int] = []
+    for tasks in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.extend(int(pid) for pid in tasks.read_text().split())
+    return sorted(set(pids))
 
 
 def _error(exc: BaseException) -> str:
@@ -370,6 +380,7 @@ class PolicyServer:
         return asdict(self.engine.limits)
 
     async def status(self) -> dict[str, Any]:
+        """Loaded adapters, counters, and this replica's identity (actor, engine-core processes)."""
         import ray
 
         context = ray.get_runtime_context()
@@ -381,6 +392,7 @@ class PolicyServer:
             "actor_id": context.get_actor_id(),
             "failed_requests": self.engine.failed_requests,
             "dead": self.engine.dead,
+            "engine_pids": _child_pids(),
         }
 
     async def check_health(self) -> None:

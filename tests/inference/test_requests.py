@@ -132,3 +132,20 @@ def test_every_legal_order_set_a_real_game_produces_is_accepted_unchanged() -> N
                 checked += 1
             game.step({p: agents[p].orders(game, p) for p in game.orderable_powers()})
     assert {PhaseKind.MOVEMENT, PhaseKind.RETREAT, PhaseKind.BUILD} <= kinds and checked > 100
+
+
+def test_every_fuzzed_malformed_request_is_refused_by_validation() -> None:
+    """The strategies the server fuzz test uses make only invalid requests (checked here without an engine)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from diprl.inference.adapters import InvalidAdapterName
+
+    from .fuzz_requests import malformed_request
+
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(malformed_request(good()))
+    def refused(request: Any) -> None:
+        with pytest.raises((RequestError, InvalidAdapterName)):
+            validate_request(request, LIMITS)
+
+    refused()
