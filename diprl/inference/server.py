@@ -209,7 +209,7 @@ class PolicyEngine:
                 log.error("the vLLM engine died (%s); this replica reports unhealthy until replaced", _error(exc))
             self.dead = self.dead or _error(exc)
 
-    def _prepare(self, request: ValidRequest) -> tuple[list[int], Any]:
+    def prepare(self, request: ValidRequest) -> tuple[list[int], Any]:
         """Token ids and sampling parameters for a valid request; raises `RequestError`."""
         from vllm import SamplingParams
 
@@ -268,7 +268,7 @@ class PolicyEngine:
             return result
         try:
             request = validate_request(raw, self.limits)
-            prompt_ids, params = self._prepare(request)
+            prompt_ids, params = self.prepare(request)
             lora = await self._acquire(request.policy)
         except (AdapterError, RequestError) as exc:
             result["error"] = _error(exc)
