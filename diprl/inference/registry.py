@@ -54,9 +54,13 @@ def start_registry(name: str = REGISTRY_NAME) -> Any:
     ).remote()
 
 
-def publish_everywhere(store: AdapterStore, policy: str, source: Path | Any, registry: Any = None) -> AdapterRef:
-    """Publish to the store (atomic, immutable) and, if given, register the same files in the registry."""
-    ref = store.publish(policy, source)
+def publish_everywhere(
+    store: AdapterStore, policy: str, source: Path | Any, registry: Any = None, base_model: str | None = None
+) -> AdapterRef:
+    """Publish to the store (atomic, immutable) and, if given, register the same files in the registry.
+
+    `base_model` is passed to `AdapterStore.publish` (it overrides the adapter config's base model)."""
+    ref = store.publish(policy, source, base_model=base_model)
     if registry is not None:
         ray.get(registry.register.remote(ref.name, pack_adapter(store.resolve(ref.name))))
     return ref

@@ -48,7 +48,7 @@ class IncompatibleAdapter(AdapterError):
 
 @dataclass(frozen=True, order=True)
 class AdapterRef:
-    """A validated adapter name; build it through `parse_policy_ref` or `AdapterRef.of`."""
+    """A validated adapter name: parse one with `parse_policy_ref`, or build one as `AdapterRef(policy, n)`."""
 
     policy: str
     version: int
