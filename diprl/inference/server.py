@@ -121,9 +121,8 @@ class PolicyEngine:
         model_config = getattr(self.engine, "model_config", None)
         logits_width = model_config.get_vocab_size() if model_config is not None else len(self.tokenizer)
         self.table = token_table(self.tokenizer, logits_width)
-        self.limits = EngineLimits(
-            max_model_len=config.max_model_len, vocab_size=min(len(self.tokenizer), logits_width)
-        )
+        context = model_config.max_model_len if model_config is not None else config.max_model_len
+        self.limits = EngineLimits(max_model_len=int(context), vocab_size=min(len(self.tokenizer), logits_width))
         self.store = AdapterStore(Path(config.adapter_root))
         fetch = None
         if config.adapter_registry:
