@@ -66,12 +66,16 @@ def publish_everywhere(
     return ref
 
 
-def registry_fetch(registry_name: str) -> Any:
-    """A `Fetch` for `LocalAdapterCache` that asks the named registry actor."""
+FETCH_TIMEOUT_S = 120.0
+
+
+def registry_fetch(registry_name: str, timeout_s: float = FETCH_TIMEOUT_S) -> Any:
+    """A `Fetch` for `LocalAdapterCache` that asks the named registry actor (a stuck fetch times out:
+    the cache reports it as that request's `AdapterError`)."""
     registry = ray.get_actor(registry_name, namespace=NAMESPACE)
 
     def fetch(name: str) -> Mapping[str, bytes]:
-        packed: Any = ray.get(registry.get.remote(name))
+        packed: Any = ray.get(registry.get.remote(name), timeout=timeout_s)
         return dict(packed)
 
     return fetch

@@ -157,7 +157,14 @@ class PolicyEngine:
             lora = self._loras.get(ref.name)
             if lora is None:
                 # Hashing a large adapter takes a moment: off the event loop, so streams keep flowing.
-                version = await asyncio.to_thread(self._verified_version, ref.name)
+                try:
+                    version = await asyncio.wait_for(
+                        asyncio.to_thread(self._verified_version, ref.name), self.config.request_timeout_s
+                    )
+                except TimeoutError:
+                    raise AdapterError(
+                        f"{ref.name}: fetching and verifying it took more than {self.config.request_timeout_s:g} s"
+                    ) from None
                 lora = LoRARequest(ref.name, self._next_lora_id, str(version.path))
                 self._next_lora_id += 1
                 try:

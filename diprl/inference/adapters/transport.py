@@ -209,7 +209,7 @@ def put_adapter(version: AdapterVersion) -> Any:
     return ray.put(pack_adapter(version))
 
 
-def object_store_fetch(refs: Mapping[str, Any]) -> Fetch:
+def object_store_fetch(refs: Mapping[str, Any], timeout_s: float = 120.0) -> Fetch:
     """A `Fetch` over a mapping `name -> ObjectRef` of packed versions (kept current by whoever
     publishes); unknown names raise `UnknownAdapter` listing what the mapping holds."""
 
@@ -221,7 +221,7 @@ def object_store_fetch(refs: Mapping[str, Any]) -> Fetch:
             raise UnknownAdapter(
                 f"unknown adapter {ref.name} (object store holds: {', '.join(sorted(refs)) or 'none'})"
             )
-        packed = ray.get(refs[ref.name])
+        packed = ray.get(refs[ref.name], timeout=timeout_s)
         if not isinstance(packed, Mapping):
             raise CorruptAdapter(f"object store entry for {ref.name} is a {type(packed).__name__}, not packed files")
         return packed
