@@ -142,7 +142,7 @@ def test_every_fuzzed_malformed_request_is_refused_by_validation() -> None:
 
     from .fuzz_requests import malformed_request
 
-    @settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(malformed_request(good()))
     def refused(request: Any) -> None:
         with pytest.raises((RequestError, InvalidAdapterName)):
