@@ -1,12 +1,53 @@
-"""Typed configuration of the inference service (Hydra group `inference`)."""
+"""Typed configuration of the inference service (Hydra group `inference`), checked when it is built.
+
+A config is validated in `__post_init__`, so a bad value fails where the config is read (the YAML
+loader, Hydra's `OmegaConf.to_object`, or `ServerConfig(**dict)` in a replica) with the field's
+name, instead of as an engine error minutes later on a replica.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diprl.structured_config import load_structured
+from diprl.structured_config import CONF_DIR, load_structured
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The LoRA ranks vLLM's kernels are built for; `max_lora_rank` must be one of them."""
+ENGINE_MANAGED = frozenset(
+    {
+        "model",
+        "dtype",
+        "max_model_len",
+        "enable_prefix_caching",
+        "max_num_seqs",
+        "enable_lora",
+        "max_lora_rank",
+        "max_loras",
+        "max_cpu_loras",
+        "logits_processors",
+        "logprobs_mode",
+        "generation_config",
+        "seed",
+    }
+)
+"""Engine arguments the server sets itself: `engine_extra` may not override them (turning LoRA or the
+order constraint off would break every request, silently)."""
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -42,8 +83,99 @@ class ServerConfig:
     replica_cpus: float = 1.0
     replica_gpus: float = 0.0
     max_ongoing_requests: int = 64
-    host: str = "127.0.0.1"  # never a public interface unless the config says so
-    port: int = 8000
+    host: str = "127.0.0.1"  # never a public interface unless allow_public_host says so
+    allow_public_host: bool = False  # the HTTP route has no authentication: opt in, and it warns
+    port: int = 8000  # 0: pick a free port (the server logs which)
+    # A request that has not finished after this long fails with a timeout (and is aborted in the
+    # engine); loading an adapter has the same limit. Nothing a client sends can wait forever.
+    request_timeout_s: float = 300.0
+    max_batch: int = 4096  # requests in one `generate` call
+    # vLLM, Ray and Serve logging inside the replicas (their INFO lines bury results); DEBUG/INFO to debug.
+    log_level: str = "WARNING"
+
+    def __post_init__(self) -> None:
+        problems = []
+
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                problems.append(message)
+
+        def positive_int(name: str, low: int = 1, high: int | None = None) -> None:
+            value = getattr(self, name)
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+            ok = ok and (high is None or value <= high)
+            need(ok, f"{name} must be an integer in [{low}, {high if high is not None else 'inf'}], got {value!r}")
+
+        need(
+            isinstance(self.model, str) and bool(self.model.strip()),
+            f"model must be a non-empty string, got {self.model!r}",
+        )
+        need(
+            self.dtype in (None, "auto", "float32", "float16", "bfloat16"),
+            f"dtype must be auto/float32/float16/bfloat16 or null, got {self.dtype!r}",
+        )
+        positive_int("max_model_len", 16, 1 << 20)
+        positive_int("max_num_seqs", 1, 1 << 16)
+        need(
+            self.max_lora_rank in LORA_RANKS,
+            f"max_lora_rank must be one of {list(LORA_RANKS)} (vLLM's kernels), got {self.max_lora_rank!r}",
+        )
+        positive_int("max_loras", 1, 1024)
+        positive_int("max_cpu_loras", 1, 1 << 16)
+        positive_int("loaded_adapters", 1, 1 << 16)
+        positive_int("seed", 0)
+        positive_int("num_replicas", 1, 1024)
+        positive_int("max_ongoing_requests", 1, 1 << 20)
+        positive_int("port", 0, 65535)
+        positive_int("max_batch", 1, 1 << 20)
+        if not problems:
+            need(
+                self.max_cpu_loras >= self.max_loras,
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}): "
+                "the engine keeps every batch's adapters loaded",
+            )
+            need(
+                self.loaded_adapters <= self.max_cpu_loras,
+                f"loaded_adapters ({self.loaded_adapters}) must be <= max_cpu_loras ({self.max_cpu_loras}): "
+                "the server would keep more versions loaded than the engine holds",
+            )
+        for name in ("replica_cpus", "replica_gpus", "request_timeout_s"):
+            value = getattr(self, name)
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            low = 0.0 if name == "replica_gpus" else 1e-3
+            need(ok and value >= low, f"{name} must be a finite number >= {low}, got {value!r}")
+        for name in ("adapter_root", "adapter_cache", "name"):
+            value = getattr(self, name)
+            need(isinstance(value, str) and bool(value.strip()), f"{name} must be a non-empty string, got {value!r}")
+        need(isinstance(self.engine_extra, dict), f"engine_extra must be a mapping, got {self.engine_extra!r}")
+        if isinstance(self.engine_extra, dict):
+            managed = sorted(ENGINE_MANAGED & set(self.engine_extra))
+            need(not managed, f"engine_extra may not set {managed}: the server sets them (use the config's own fields)")
+        if self.autoscaling is not None:
+            auto = self.autoscaling
+            low, high = auto.get("min_replicas", 1), auto.get("max_replicas", 1)
+            ok = (
+                all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high))
+                and 0 <= low <= high
+                and high >= 1
+            )
+            need(ok, f"autoscaling needs integers 0 <= min_replicas <= max_replicas >= 1, got {auto!r}")
+        need(self.log_level in LOG_LEVELS, f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
+        need(isinstance(self.host, str) and bool(self.host), f"host must be an address, got {self.host!r}")
+        if not problems and not is_loopback(self.host):
+            need(
+                self.allow_public_host,
+                f"host {self.host!r} is not a loopback address: the HTTP route has no authentication, "
+                "so binding it needs allow_public_host: true",
+            )
+        if problems:
+            raise ValueError("invalid inference config: " + "; ".join(problems))
+        if not is_loopback(self.host):
+            log.warning(
+                "PolicyServer HTTP route will listen on %s:%s, reachable from other machines and unauthenticated",
+                self.host,
+                self.port,
+            )
 
 
 def register_configs() -> None:
@@ -54,5 +186,13 @@ def register_configs() -> None:
 
 
 def load_server_config(name: str, conf_dir: Path | None = None) -> ServerConfig:
-    """Read `conf/inference/<name>.yaml` into a validated `ServerConfig` (typos and wrong types fail)."""
+    """Read `conf/inference/<name>.yaml` into a validated `ServerConfig` (typos, wrong types, bad ranges fail).
+
+    An empty file is an error, not the defaults: it is far more likely a failed write than a choice.
+    """
+    path = (conf_dir or CONF_DIR) / "inference" / f"{name}.yaml"
+    if path.is_file() and "/" not in name and not path.read_text().strip():
+        raise ValueError(
+            f"{path}: the file is empty (write the settings, or `defaults: [base_inference]` for defaults)"
+        )
     return load_structured(ServerConfig, "inference", name, conf_dir)

@@ -12,6 +12,7 @@ reject this class with a clear error; GPU runs therefore set `VLLM_USE_V2_MODEL_
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 CONSTRAINT_KEY = "diprl_orders"
+log = logging.getLogger(__name__)
 
 
 def constraint_args(legal: PowerOrders, reasoning_max_tokens: int | None = None) -> dict[str, Any]:
@@ -43,14 +45,22 @@ def _parse(payload: Any) -> tuple[PowerOrders, ReasoningOptions | None]:
     if not isinstance(payload, dict) or "legal" not in payload:
         raise ValueError(f"extra_args[{CONSTRAINT_KEY!r}] must be a dict with 'legal' (PowerOrders.to_dict())")
     legal = PowerOrders.from_dict(payload["legal"])
+    if not legal.by_loc:
+        raise ValueError(f"{legal.power} has nothing to order in {legal.phase}: no request should be made")
     budget = payload.get("reasoning_max_tokens")
-    if budget is not None and (not isinstance(budget, int) or budget < 0):
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
         raise ValueError(f"reasoning_max_tokens must be a non-negative int, got {budget!r}")
     return legal, None if budget is None else ReasoningOptions(max_tokens=budget)
 
 
 class OrderConstraintLogitsProcessor(LogitsProcessor):
-    """Masks every token the order grammar does not allow next, row by row, in one scatter."""
+    """Masks every token the order grammar does not allow next, row by row, in one scatter.
+
+    It never raises: an exception here is raised inside vLLM's engine loop and kills the engine for
+    every request. A row whose constraint cannot be built or advanced fails closed instead: only EOS
+    stays allowed, so that request ends at once (an empty or cut-off completion the server reports
+    as failed) and the batch goes on. The server validates requests so this should never happen.
+    """
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
@@ -63,7 +73,7 @@ class OrderConstraintLogitsProcessor(LogitsProcessor):
         tokenizer = load_tokenizer(model_config.tokenizer)
         self.table: TokenTable = token_table(tokenizer, model_config.get_vocab_size())
         self.device = device
-        self.rows: dict[int, tuple[OrderConstraint, list[int]]] = {}
+        self.rows: dict[int, tuple[OrderConstraint | None, list[int]]] = {}  # None: failed, EOS only
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -76,8 +86,13 @@ class OrderConstraintLogitsProcessor(LogitsProcessor):
         for index, params, _prompt_ids, output_ids in batch_update.added:
             args = params.extra_args or {}
             if CONSTRAINT_KEY in args:
-                legal, reasoning = _parse(args[CONSTRAINT_KEY])
-                self.rows[index] = (OrderConstraint(legal, self.table, reasoning), output_ids)
+                try:
+                    legal, reasoning = _parse(args[CONSTRAINT_KEY])
+                    constraint: OrderConstraint | None = OrderConstraint(legal, self.table, reasoning)
+                except Exception:
+                    log.exception("order constraint cannot be built; the request is ended (EOS only)")
+                    constraint = None
+                self.rows[index] = (constraint, output_ids)
             else:
                 self.rows.pop(index, None)
         for src, dst, direction in batch_update.moved:
@@ -91,8 +106,20 @@ class OrderConstraintLogitsProcessor(LogitsProcessor):
         if not self.rows:
             return logits
         indices = sorted(self.rows)
-        allowed = [self.rows[i][0].allowed_token_ids(self.rows[i][1]) for i in indices]
+        eos = np.array([self.table.eos_id], dtype=np.int64)
+        allowed = [self._allowed(i, eos) for i in indices]
         # A finished request is normally retired on EOS; if a step still comes, keep EOS open
         # rather than masking the whole row (an all -inf row is NaN after softmax).
-        allowed = [a if len(a) else np.array([self.table.eos_id], dtype=np.int64) for a in allowed]
+        allowed = [a if len(a) else eos for a in allowed]
         return mask_rows_(logits, indices, allowed)
+
+    def _allowed(self, index: int, eos: np.ndarray) -> np.ndarray:
+        constraint, output_ids = self.rows[index]
+        if constraint is None:
+            return eos
+        try:
+            return constraint.allowed_token_ids(output_ids)
+        except Exception:
+            log.exception("order constraint failed mid-request; the request is ended (EOS only)")
+            self.rows[index] = (None, output_ids)
+            return eos

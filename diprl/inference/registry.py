@@ -54,20 +54,28 @@ def start_registry(name: str = REGISTRY_NAME) -> Any:
     ).remote()
 
 
-def publish_everywhere(store: AdapterStore, policy: str, source: Path | Any, registry: Any = None) -> AdapterRef:
-    """Publish to the store (atomic, immutable) and, if given, register the same files in the registry."""
-    ref = store.publish(policy, source)
+def publish_everywhere(
+    store: AdapterStore, policy: str, source: Path | Any, registry: Any = None, base_model: str | None = None
+) -> AdapterRef:
+    """Publish to the store (atomic, immutable) and, if given, register the same files in the registry.
+
+    `base_model` is passed to `AdapterStore.publish` (it overrides the adapter config's base model)."""
+    ref = store.publish(policy, source, base_model=base_model)
     if registry is not None:
         ray.get(registry.register.remote(ref.name, pack_adapter(store.resolve(ref.name))))
     return ref
 
 
-def registry_fetch(registry_name: str) -> Any:
-    """A `Fetch` for `LocalAdapterCache` that asks the named registry actor."""
+FETCH_TIMEOUT_S = 120.0
+
+
+def registry_fetch(registry_name: str, timeout_s: float = FETCH_TIMEOUT_S) -> Any:
+    """A `Fetch` for `LocalAdapterCache` that asks the named registry actor (a stuck fetch times out:
+    the cache reports it as that request's `AdapterError`)."""
     registry = ray.get_actor(registry_name, namespace=NAMESPACE)
 
     def fetch(name: str) -> Mapping[str, bytes]:
-        packed: Any = ray.get(registry.get.remote(name))
+        packed: Any = ray.get(registry.get.remote(name), timeout=timeout_s)
         return dict(packed)
 
     return fetch

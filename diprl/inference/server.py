@@ -8,29 +8,35 @@ version through a small OpenAI-compatible route (`POST /v1/completions`, model =
 Versions are loaded on first use from the AdapterStore (shared directory) or the local copy of one
 that travelled through Ray's object store, kept in an LRU and unloaded when it overflows. A bad
 request (unknown or malformed version, corrupt or incompatible adapter, malformed legal orders)
-fails alone with a clear error in its result; it never fails the batch or the replica.
+fails alone with a clear error in its result; it never fails the batch or the replica. Adapter files
+are re-hashed on every load and checked against the served base model (name and weight shapes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
+import socket
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from ray import serve
 
 from diprl.game.legal import PowerOrders
 from diprl.inference.adapters import (
+    BASE,
     AdapterError,
     AdapterStore,
+    AdapterVersion,
     LocalAdapterCache,
     check_compatible,
     parse_policy_ref,
@@ -38,13 +44,21 @@ from diprl.inference.adapters import (
 from diprl.inference.config import ServerConfig
 from diprl.inference.engine import ENGINE_ENV, engine_env, sampled_logprobs
 from diprl.inference.logits_processor import OrderConstraintLogitsProcessor, constraint_args
+from diprl.inference.requests import (
+    EngineLimits,
+    RequestError,
+    ValidRequest,
+    check_prompt_length,
+    validate_batch,
+    validate_request,
+)
+from diprl.policy.constraint import OrderConstraint, ReasoningOptions
 from diprl.policy.parser import legal_complete, parse_orders
 
-BASE = "base"
+log = logging.getLogger(__name__)
+HEALTH_CHECK_TIMEOUT_S = 30.0
 
-
-class RequestError(ValueError):
-    """A malformed generation request (missing prompt, bad types, malformed legal orders)."""
+__all__ = ["BASE", "PolicyEngine", "PolicyServer", "RequestError", "port_in_use", "resolve_model", "serve_policy"]
 
 
 def resolve_model(config: ServerConfig) -> tuple[str, str]:
@@ -57,21 +71,17 @@ def resolve_model(config: ServerConfig) -> tuple[str, str]:
     return config.model, config.dtype or "auto"
 
 
-def _check_request(request: Any) -> dict[str, Any]:
-    if not isinstance(request, dict):
-        raise RequestError(f"a request must be a dict, got {type(request).__name__}")
-    prompt = request.get("prompt")
-    if not (isinstance(prompt, str) and prompt) and not (
-        isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)
-    ):
-        raise RequestError("'prompt' must be a non-empty string or list of token ids")
-    temperature = request.get("temperature", 1.0)
-    max_tokens = request.get("max_tokens", 384)
-    if not isinstance(temperature, int | float) or temperature <= 0:
-        raise RequestError(f"'temperature' must be a positive number, got {temperature!r}")
-    if not isinstance(max_tokens, int) or max_tokens <= 0:
-        raise RequestError(f"'max_tokens' must be a positive int, got {max_tokens!r}")
-    return request
+def _child_pids() -> list[int]:
+    """This process's children (vLLM's engine core runs in one), from /proc; empty where there is none."""
+    pids: list[int] = []
+    for tasks in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.extend(int(pid) for pid in tasks.read_text().split())
+    return sorted(set(pids))
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 class PolicyEngine:
@@ -82,8 +92,12 @@ class PolicyEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from diprl.policy.tokenizer import load_tokenizer
+        from diprl.policy.vocab import token_table
+
         self.config = config
         model_path, dtype = resolve_model(config)
+        self.model_path = model_path
         engine_args: dict[str, Any] = dict(
             model=model_path,
             dtype=dtype,
@@ -101,6 +115,14 @@ class PolicyEngine:
             **config.engine_extra,
         )
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+        # The server's own copy of what the engine and its logits processor use, to validate requests
+        # (prompt length, token ids, the order grammar) before the engine sees them.
+        self.tokenizer = load_tokenizer(model_path)
+        model_config = getattr(self.engine, "model_config", None)
+        logits_width = model_config.get_vocab_size() if model_config is not None else len(self.tokenizer)
+        self.table = token_table(self.tokenizer, logits_width)
+        context = model_config.max_model_len if model_config is not None else config.max_model_len
+        self.limits = EngineLimits(max_model_len=int(context), vocab_size=min(len(self.tokenizer), logits_width))
         self.store = AdapterStore(Path(config.adapter_root))
         fetch = None
         if config.adapter_registry:
@@ -114,8 +136,16 @@ class PolicyEngine:
         self._lock = asyncio.Lock()
         self.loads = 0
         self.unloads = 0
+        self.dead: str | None = None  # why the engine is unusable; health checks fail from then on
+        self.failed_requests = 0
 
     # ------------------------------------------------------------ adapters
+    def _verified_version(self, name: str) -> AdapterVersion:
+        """The version, re-hashed now, checked against this server's rank limit and base model."""
+        version = self.cache.get(name)
+        check_compatible(version, max_rank=self.config.max_lora_rank, base_model=self.model_path)
+        return version
+
     async def _acquire(self, policy: str) -> Any:
         """The LoRARequest for `policy` (None for base), loaded if needed; marks it in use."""
         from vllm.lora.request import LoRARequest
@@ -126,19 +156,31 @@ class PolicyEngine:
         async with self._lock:
             lora = self._loras.get(ref.name)
             if lora is None:
-                version = self.cache.get(ref.name)
-                check_compatible(version, max_rank=self.config.max_lora_rank, base_model=None, allowed_modules=None)
+                # Hashing a large adapter takes a moment: off the event loop, so streams keep flowing.
+                try:
+                    version = await asyncio.wait_for(
+                        asyncio.to_thread(self._verified_version, ref.name), self.config.request_timeout_s
+                    )
+                except TimeoutError:
+                    raise AdapterError(
+                        f"{ref.name}: fetching and verifying it took more than {self.config.request_timeout_s:g} s"
+                    ) from None
                 lora = LoRARequest(ref.name, self._next_lora_id, str(version.path))
                 self._next_lora_id += 1
                 try:
-                    await self.engine.add_lora(lora)  # load now: a broken adapter fails here, alone
+                    # Load now: a broken adapter fails here, alone.
+                    await asyncio.wait_for(self.engine.add_lora(lora), self.config.request_timeout_s)
+                except TimeoutError:
+                    raise AdapterError(
+                        f"{ref.name}: the engine did not load it within {self.config.request_timeout_s:g} s"
+                    ) from None
                 except Exception as exc:
-                    raise AdapterError(f"{ref.name} could not be loaded by the engine: {exc}") from exc
+                    self._note_engine_failure(exc)
+                    raise AdapterError(f"{ref.name} could not be loaded by the engine: {_error(exc)}") from exc
                 self._loras[ref.name] = lora
                 self.loads += 1
             self._loras.move_to_end(ref.name)
             self._in_use[ref.name] += 1
-            await self._evict()
             return lora
 
     async def _release(self, lora: Any) -> None:
@@ -154,55 +196,119 @@ class PolicyEngine:
             if idle is None:
                 return
             lora = self._loras.pop(idle)
-            await self.engine.remove_lora(lora.lora_int_id)
+            try:
+                await asyncio.wait_for(self.engine.remove_lora(lora.lora_int_id), self.config.request_timeout_s)
+            except Exception as exc:  # the engine keeps its own LRU; failing to unload costs memory only
+                self._note_engine_failure(exc)
+                log.warning("could not unload adapter %s: %s", idle, _error(exc))
             self.unloads += 1
 
     def loaded(self) -> list[str]:
         return list(self._loras)
 
     # ---------------------------------------------------------- generation
-    async def generate_one(self, request: Any) -> dict[str, Any]:
+    def _note_engine_failure(self, exc: BaseException) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(exc, EngineDeadError) or getattr(self.engine, "errored", False):
+            if self.dead is None:
+                log.error("the vLLM engine died (%s); this replica reports unhealthy until replaced", _error(exc))
+            self.dead = self.dead or _error(exc)
+
+    def prepare(self, request: ValidRequest) -> tuple[list[int], Any]:
+        """Token ids and sampling parameters for a valid request; raises `RequestError`."""
         from vllm import SamplingParams
 
-        policy = request.get("policy", BASE) if isinstance(request, dict) else BASE
-        result: dict[str, Any] = {"policy": policy, "error": None}
+        if isinstance(request.prompt, str):
+            prompt_ids = list(self.tokenizer.encode(request.prompt))
+            if not prompt_ids:
+                raise RequestError("'prompt' encodes to no tokens")
+            check_prompt_length(len(prompt_ids), self.limits)
+        else:
+            prompt_ids = list(request.prompt)
+        extra = None
+        if request.legal is not None:
+            reasoning = request.reasoning_max_tokens
+            self._check_constraint(request.legal, None if reasoning is None else ReasoningOptions(max_tokens=reasoning))
+            extra = constraint_args(request.legal, reasoning)
+        params = SamplingParams(
+            temperature=request.temperature,
+            top_p=1.0,
+            top_k=0,
+            max_tokens=request.max_tokens,
+            logprobs=0,
+            skip_special_tokens=True,
+            extra_args=extra,
+        )
+        return prompt_ids, params
+
+    def _check_constraint(self, legal: PowerOrders, reasoning: ReasoningOptions | None) -> None:
+        """Build the order grammar here, as the engine's logits processor will: if it cannot, the
+        request fails now instead of inside the engine's loop."""
         try:
-            request = _check_request(request)
-            legal = PowerOrders.from_dict(request["legal"]) if request.get("legal") is not None else None
-            extra = constraint_args(legal, request.get("reasoning_max_tokens")) if legal is not None else None
-            params = SamplingParams(
-                temperature=float(request.get("temperature", 1.0)),
-                top_p=1.0,
-                top_k=0,
-                max_tokens=int(request.get("max_tokens", 384)),
-                logprobs=0,
-                skip_special_tokens=True,
-                extra_args=extra,
-            )
-            lora = await self._acquire(str(policy))
-        except (AdapterError, RequestError, ValueError, TypeError) as exc:
-            result["error"] = f"{type(exc).__name__}: {exc}"
+            allowed = OrderConstraint(legal, self.table, reasoning).allowed_token_ids([])
+        except Exception as exc:
+            raise RequestError(f"'legal' cannot be decoded under the order constraint: {_error(exc)}") from exc
+        if len(allowed) == 0:
+            raise RequestError("'legal' admits no first token under the order constraint")
+
+    async def generate_one(self, raw: Any) -> dict[str, Any]:
+        """One request, start to finish; never raises (every failure is this result's `error`)."""
+        policy = raw.get("policy", BASE) if isinstance(raw, dict) else None
+        result: dict[str, Any] = {"policy": policy if isinstance(policy, str) else None, "error": None}
+        if isinstance(raw, dict) and isinstance(raw.get("request_id"), str):
+            result["request_id"] = raw["request_id"]
+        try:
+            return await self._generate_one(raw, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug of ours must still cost only this request
+            log.exception("unexpected failure serving one request")
+            result["error"] = f"InternalError: {_error(exc)}"
+            self.failed_requests += 1
             return result
-        prompt = request["prompt"]
-        engine_prompt: Any = prompt if isinstance(prompt, str) else {"prompt_token_ids": prompt}
-        final = None
+
+    async def _generate_one(self, raw: Any, result: dict[str, Any]) -> dict[str, Any]:
+        if self.dead is not None:
+            result["error"] = f"EngineDead: this replica's engine has died ({self.dead}); Serve replaces it, retry"
+            return result
         try:
-            async for output in self.engine.generate(
-                engine_prompt, params, request_id=request.get("request_id") or uuid.uuid4().hex, lora_request=lora
-            ):
-                final = output
+            request = validate_request(raw, self.limits)
+            prompt_ids, params = self.prepare(request)
+            lora = await self._acquire(request.policy)
+        except (AdapterError, RequestError) as exc:
+            result["error"] = _error(exc)
+            self.failed_requests += 1
+            return result
+        engine_id = uuid.uuid4().hex  # never the client's id: two requests must never share one
+        try:
+            final = await asyncio.wait_for(
+                self._run(prompt_ids, params, engine_id, lora), self.config.request_timeout_s
+            )
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await self.engine.abort(engine_id)
+            result["error"] = f"Timeout: no answer within {self.config.request_timeout_s:g} s (request_timeout_s)"
+            self.failed_requests += 1
+            return result
+        except Exception as exc:
+            self._note_engine_failure(exc)
+            kind = "EngineDead" if self.dead is not None else "EngineError"
+            result["error"] = f"{kind}: {_error(exc)}"
+            self.failed_requests += 1
+            return result
         finally:
             await self._release(lora)
-        assert final is not None
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
         result.update(
-            prompt_ids=list(final.prompt_token_ids or []),
+            prompt_ids=list(final.prompt_token_ids or prompt_ids),
             token_ids=token_ids,
             logprobs=sampled_logprobs(token_ids, completion.logprobs),
             text=completion.text,
             finish_reason=str(completion.finish_reason),
         )
+        legal = request.legal
         if legal is not None:
             parsed = parse_orders(completion.text, legal)
             result.update(
@@ -210,20 +316,50 @@ class PolicyEngine:
                 complete=legal_complete(parsed, legal),
                 rejected=[[r.line, str(r.reason)] for r in parsed.rejected],
             )
+            if not completion.text.strip():
+                # The logits processor fails closed (EOS only) when a constraint breaks in the engine.
+                result["error"] = "ConstraintFailed: the order constraint failed inside the engine for this request"
+                self.failed_requests += 1
         return result
 
-    async def generate(self, requests: Sequence[Any]) -> list[dict[str, Any]]:
-        """All requests concurrently (vLLM batches them, across adapters); results in request order."""
-        return list(await asyncio.gather(*(self.generate_one(r) for r in requests)))
+    async def _run(self, prompt_ids: list[int], params: Any, engine_id: str, lora: Any) -> Any:
+        final = None
+        async for output in self.engine.generate(
+            {"prompt_token_ids": prompt_ids}, params, request_id=engine_id, lora_request=lora
+        ):
+            final = output
+        if final is None:
+            raise RuntimeError("the engine returned no output")
+        return final
+
+    async def generate(self, requests: Any) -> list[dict[str, Any]]:
+        """All requests concurrently (vLLM batches them, across adapters); one result per request, in order.
+
+        `requests` must be a list of dicts; anything else (a string, one dict) is a `RequestError`
+        for the whole call, since there is no per-request answer to give.
+        """
+        batch = validate_batch(requests, self.config.max_batch)
+        return list(await asyncio.gather(*(self.generate_one(r) for r in batch)))
 
     async def check_health(self) -> None:
-        await self.engine.check_health()
+        """Raise if the engine is unusable, so Serve replaces this replica."""
+        if self.dead is not None:
+            raise RuntimeError(f"vLLM engine is dead: {self.dead}")
+        try:
+            await asyncio.wait_for(self.engine.check_health(), HEALTH_CHECK_TIMEOUT_S)
+        except Exception as exc:
+            self.dead = self.dead or _error(exc)
+            raise RuntimeError(f"vLLM engine is unhealthy: {_error(exc)}") from exc
 
     def shutdown(self) -> None:
         self.engine.shutdown()
 
 
 class CompletionBody(BaseModel):
+    """Strict: JSON `true` is not a token id or a count, and unknown fields are an error (422)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
     model: str = BASE
     prompt: str | list[int]
     max_tokens: int = 16
@@ -245,7 +381,12 @@ class PolicyServer:
     async def generate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return await self.engine.generate(requests)
 
+    async def limits(self) -> dict[str, Any]:
+        """The engine limits requests are checked against (context length, prompt token ids)."""
+        return asdict(self.engine.limits)
+
     async def status(self) -> dict[str, Any]:
+        """Loaded adapters, counters, and this replica's identity (actor, engine-core processes)."""
         import ray
 
         context = ray.get_runtime_context()
@@ -255,6 +396,9 @@ class PolicyServer:
             "unloads": self.engine.unloads,
             "replica": context.get_actor_name(),
             "actor_id": context.get_actor_id(),
+            "failed_requests": self.engine.failed_requests,
+            "dead": self.engine.dead,
+            "engine_pids": _child_pids(),
         }
 
     async def check_health(self) -> None:
@@ -277,7 +421,9 @@ class PolicyServer:
         }
         result = await self.engine.generate_one(request)
         if result["error"]:
-            status = 404 if "Unknown" in result["error"] else 400
+            error = result["error"]
+            status = 404 if error.startswith("UnknownAdapter") else 503 if error.startswith("EngineDead") else 400
+            status = 504 if error.startswith("Timeout") else status
             return JSONResponse(
                 status_code=status, content={"error": {"message": result["error"], "type": "invalid_request_error"}}
             )
@@ -297,8 +443,45 @@ class PolicyServer:
         }
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens on (host, port): binding it (as Serve's proxy will) fails."""
+    for family, kind, proto, _name, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is not "in use"
+            try:
+                sock.bind(address)
+            except OSError:
+                return True
+    return False
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _serve_running() -> bool:
+    """Whether this Ray cluster already runs Serve (then its proxy holds the port, legitimately)."""
+    import ray
+
+    try:
+        ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    except ValueError:
+        return False
+    return True
+
+
 def serve_policy(config: ServerConfig) -> Any:
-    """Start (or update) the PolicyServer on the running Ray cluster and return its deployment handle."""
+    """Start (or update) the PolicyServer on the running Ray cluster and return its deployment handle.
+
+    Fails fast with `OSError(EADDRINUSE)` when another process (another cluster's PolicyServer, say)
+    already holds the HTTP port: Serve would otherwise report ready while requests reach the other
+    server. `port: 0` picks a free port and logs it (the returned config's port, `handle` users need
+    no port). Library logging inside the replicas follows `config.log_level` (WARNING by default).
+    """
+    import errno
+
     model_path, dtype = resolve_model(config)  # build the tiny model once, here, not in every replica
     config = replace(
         config,
@@ -307,20 +490,36 @@ def serve_policy(config: ServerConfig) -> Any:
         adapter_root=str(Path(config.adapter_root).resolve()),
         adapter_cache=str(Path(config.adapter_cache).resolve()),
     )
-    serve.start(http_options={"host": config.host, "port": config.port})
+    if not _serve_running():
+        if config.port == 0:
+            config = replace(config, port=free_port(config.host))
+            log.warning("PolicyServer HTTP route: picked free port %d on %s", config.port, config.host)
+        elif port_in_use(config.host, config.port):
+            raise OSError(
+                errno.EADDRINUSE,
+                f"PolicyServer cannot listen on {config.host}:{config.port}: the port is already in use (another "
+                "PolicyServer or Ray Serve instance?). Stop it, set inference.port to a free port, or port: 0 to "
+                "pick one",
+            )
+    logging_config = {"log_level": config.log_level, "enable_access_log": config.log_level in ("DEBUG", "INFO")}
+    serve.start(http_options={"host": config.host, "port": config.port}, logging_config=logging_config)
     scaling: dict[str, Any] = (
         {"autoscaling_config": config.autoscaling, "num_replicas": "auto"}
         if config.autoscaling
         else {"num_replicas": config.num_replicas}
     )
+    env = {**ENGINE_ENV, "VLLM_LOGGING_LEVEL": config.log_level, "VLLM_CONFIGURE_LOGGING": "1"}
     deployment = PolicyServer.options(  # type: ignore[attr-defined]
         name=config.name,
         max_ongoing_requests=config.max_ongoing_requests,
+        health_check_period_s=5.0,
+        health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S + 10.0,
+        logging_config=logging_config,
         ray_actor_options={
             "num_cpus": config.replica_cpus,
             "num_gpus": config.replica_gpus,
-            "runtime_env": {"env_vars": dict(ENGINE_ENV)},
+            "runtime_env": {"env_vars": env},
         },
         **scaling,
     )
-    return serve.run(deployment.bind(asdict(config)), name=config.name, route_prefix="/")
+    return serve.run(deployment.bind(asdict(config)), name=config.name, route_prefix="/", logging_config=logging_config)

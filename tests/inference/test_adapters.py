@@ -34,6 +34,7 @@ from diprl.inference.adapters import (
     pack_adapter,
     parse_policy_ref,
 )
+from diprl.inference.adapters import store as store_module
 from diprl.policy.models import QWEN3_LINEAR_MODULES
 
 from .lora_fixtures import load_tiny_base, make_lora_dir, make_lora_model, tiny_base_path
@@ -251,22 +252,35 @@ def test_losing_the_rename_race_retries_with_the_next_number(
 ) -> None:
     store = AdapterStore(tmp_path)
     store.publish("p", loras["a"])
-    real = adapters._version_numbers
+    real = store_module.version_numbers
     scans = 0
 
-    def numbers(policy_dir: Path, complete_only: bool) -> list[int]:
+    def numbers(policy_dir: Path) -> list[int]:
         nonlocal scans
-        if not complete_only:
-            scans += 1
-            if scans == 1:
-                return []  # this scan misses v1, as if another publisher claimed it right after we looked
-        return real(policy_dir, complete_only)
+        scans += 1
+        if scans == 1:
+            return []  # this scan misses v1, as if another publisher claimed it right after we looked
+        return real(policy_dir)
 
-    monkeypatch.setattr(adapters, "_version_numbers", numbers)
+    monkeypatch.setattr(store_module, "version_numbers", numbers)
     ref = store.publish("p", loras["b"])
-    assert ref.name == "p@v2" and scans == 2
+    assert ref.name == "p@v2" and scans >= 2
+    monkeypatch.undo()
     assert store.resolve("p@v2").fingerprint != store.resolve("p@v1").fingerprint
     assert (store.resolve("p@v1").path / WEIGHTS_FILE).read_bytes() == (loras["a"] / WEIGHTS_FILE).read_bytes()
+
+
+def test_stray_entries_neither_list_nor_exhaust_version_numbers(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "v999999999").mkdir()  # found: one stray empty directory made every publish fail
+    (tmp_path / "p" / "v2").mkdir()
+    (tmp_path / "p" / "v2" / "junk").write_text("x")  # non-empty, no manifest: not a version, not overwritten
+    (tmp_path / "p" / "v3").write_text("a stray file")
+    assert store.publish("p", loras["a"]).name == "p@v1"
+    assert store.publish("p", loras["b"]).name == "p@v4"  # v2 and v3 are taken by strays: skipped
+    assert store.versions("p") == [AdapterRef("p", 1), AdapterRef("p", 4)]
+    assert (tmp_path / "p" / "v2" / "junk").read_text() == "x"
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -287,7 +301,8 @@ def _copy(src: Path, dst: Path) -> Path:
             "positive integer 'r'",
         ),
         (lambda d: os.truncate(d / WEIGHTS_FILE, 5000), "truncated"),
-        (lambda d: (d / WEIGHTS_FILE).write_bytes(b"\xff" * 16), "header length"),
+        (lambda d: (d / WEIGHTS_FILE).write_bytes(b"\xff" * 16), "header too large"),
+        (lambda d: (d / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000), "RecursionError"),
     ],
 )
 def test_publish_rejects_broken_sources_and_creates_no_version(
@@ -344,9 +359,8 @@ def test_truncated_weights_are_reported_naming_the_file_even_without_hashing(
     version = store.resolve(store.publish("p", loras["a"]).name)
     weights = writable(version.path / WEIGHTS_FILE)
     os.truncate(weights, weights.stat().st_size - 10)
-    for verify in (True, False):
-        with pytest.raises(CorruptAdapter, match=rf"p@v1: {weights}.*bytes, its manifest says"):
-            store.resolve("p@v1", verify=verify)
+    with pytest.raises(CorruptAdapter, match=rf"p@v1: {weights}.*bytes, its manifest says"):
+        store.resolve("p@v1")
 
 
 def test_a_flipped_byte_is_caught_by_the_hash_check(tmp_path: Path, loras: dict[str, Path]) -> None:
@@ -358,30 +372,47 @@ def test_a_flipped_byte_is_caught_by_the_hash_check(tmp_path: Path, loras: dict[
     weights.write_bytes(bytes(data))
     with pytest.raises(CorruptAdapter, match=rf"{WEIGHTS_FILE} does not match the sha256"):
         AdapterStore(tmp_path).resolve("p@v1")
-    AdapterStore(tmp_path).resolve("p@v1", verify=False)  # same size: only hashing can tell
 
 
-def test_verification_is_cached_until_the_file_changes(
-    tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+def test_every_resolve_hashes_so_a_flip_with_the_mtime_restored_is_caught(
+    tmp_path: Path, loras: dict[str, Path]
 ) -> None:
+    """Found: a cache keyed on (path, inode, size, mtime) served a byte flipped with its mtime restored."""
     store = AdapterStore(tmp_path)
     store.publish("p", loras["a"])
-    hashed: list[Path] = []
-    real = adapters._sha256_file
-
-    def counting(path: Path) -> str:
-        hashed.append(path)
-        return real(path)
-
-    monkeypatch.setattr(adapters, "_sha256_file", counting)
-    for _ in range(5):
+    store.resolve("p@v1")  # verified once (and loaded, in a server)
+    weights = writable(tmp_path / "p" / "v1" / WEIGHTS_FILE)
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == st.st_mtime_ns and weights.stat().st_ino == st.st_ino
+    with pytest.raises(CorruptAdapter, match="does not match the sha256"):
         store.resolve("p@v1")
-    assert len(hashed) == 2  # config + weights, once
-    config = writable(tmp_path / "p" / "v1" / "adapter_config.json")
-    text = config.read_text()
-    config.write_text(text.replace('"r": 8', '"r": 9'))  # same size, new mtime and content
-    with pytest.raises(CorruptAdapter, match=r"adapter_config\.json does not match"):
+
+
+def test_symlinks_anywhere_in_the_store_are_refused(tmp_path: Path, loras: dict[str, Path]) -> None:
+    outside = AdapterStore(tmp_path / "outside")
+    outside.publish("p", loras["a"])
+    store = AdapterStore(tmp_path / "store")
+    store.publish("q", loras["b"])
+    (tmp_path / "store" / "p").symlink_to(tmp_path / "outside" / "p")  # found: a linked policy was served
+    with pytest.raises(UnknownAdapter, match="symlinks in the store are refused"):
         store.resolve("p@v1")
+    assert "p@v1" not in store and store.policies() == ["q"]
+    with pytest.raises(CorruptAdapter, match="symlink"):
+        store.publish("p", loras["a"])
+    (tmp_path / "store" / "q" / "v2").symlink_to(tmp_path / "outside" / "p" / "v1")
+    with pytest.raises(UnknownAdapter, match="symlinks in the store are refused"):
+        store.resolve("q@v2")
+    assert store.versions("q") == [AdapterRef("q", 1)]
+    v1 = tmp_path / "store" / "q" / "v1"
+    v1.chmod(0o755)
+    (v1 / WEIGHTS_FILE).unlink()
+    (v1 / WEIGHTS_FILE).symlink_to(tmp_path / "outside" / "p" / "v1" / WEIGHTS_FILE)
+    with pytest.raises(CorruptAdapter, match="symlink"):
+        store.resolve("q@v1")
 
 
 def test_a_copied_version_directory_is_detected(tmp_path: Path, loras: dict[str, Path]) -> None:
@@ -567,3 +598,86 @@ def test_a_resolved_version_loads_into_peft_with_the_same_logits(tmp_path: Path)
         base = load_tiny_base()(input_ids=ids).logits
     assert torch.equal(got, expected)
     assert not torch.allclose(got, base, atol=1e-4)  # the adapter really changes the model
+
+
+# ---- publish against the base model (issue 12) --------------------------------------------
+
+
+def _rewrite_weights(src: Path, dst: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / WEIGHTS_FILE))
+    change(tensors)
+    save_file(tensors, str(dst / WEIGHTS_FILE), metadata={"format": "pt"})
+    return dst
+
+
+def _first_key(tensors: dict[str, torch.Tensor], half: str) -> str:
+    return next(k for k in sorted(tensors) if f".{half}." in k and "q_proj" in k)
+
+
+def test_publish_checks_shapes_dtypes_and_modules_against_the_base_model(
+    tmp_path: Path, loras: dict[str, Path]
+) -> None:
+    store = AdapterStore(tmp_path / "store")
+
+    def wider(t: dict[str, torch.Tensor]) -> None:  # lora_A [8, 80] for a q_proj whose input is 64 wide
+        key = _first_key(t, "lora_A")
+        t[key] = torch.zeros(8, 80)
+
+    def as_int(t: dict[str, torch.Tensor]) -> None:
+        key = _first_key(t, "lora_B")
+        t[key] = t[key].to(torch.int32)
+
+    def foreign_module(t: dict[str, torch.Tensor]) -> None:
+        key = _first_key(t, "lora_A")
+        t[key.replace("q_proj", "qq_proj")] = t.pop(key)
+        b = _first_key(t, "lora_B")
+        t[b.replace("q_proj", "qq_proj")] = t.pop(b)
+
+    def half_missing(t: dict[str, torch.Tensor]) -> None:
+        del t[_first_key(t, "lora_B")]
+
+    cases: list[tuple[Callable[[dict[str, torch.Tensor]], None], type[AdapterError], str]] = [
+        (wider, IncompatibleAdapter, r"lora_A \[8, 80\].*base weight is"),
+        (as_int, CorruptAdapter, "dtype I32"),
+        (foreign_module, IncompatibleAdapter, "does not exist in base model"),
+        (half_missing, CorruptAdapter, "but not both"),
+    ]
+    for i, (change, error, message) in enumerate(cases):
+        bad = _rewrite_weights(loras["a"], tmp_path / f"bad{i}", change)
+        with pytest.raises(error, match=message):
+            store.publish("p", bad, base_model=str(tiny_base_path()))
+    assert store.versions("p") == []
+
+
+def test_publish_rejects_an_unknown_dtype_and_an_absurd_alpha(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path / "store")
+    source = _copy(loras["a"], tmp_path / "dtype")
+    data = (source / WEIGHTS_FILE).read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    header = data[8 : 8 + header_len].replace(b'"F32"', b'"Q9"', 1)
+    (source / WEIGHTS_FILE).write_bytes(data[:8] + header + data[8 + header_len :])
+    with pytest.raises(CorruptAdapter, match="unknown variant `Q9`"):
+        store.publish("p", source)
+    for alpha in (1e308, float("inf"), True, -1):
+        huge = _copy(loras["a"], tmp_path / f"alpha-{alpha}")
+        config = json.loads((huge / "adapter_config.json").read_text())
+        (huge / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": alpha}))
+        with pytest.raises(CorruptAdapter, match="finite 'lora_alpha'"):
+            store.publish("p", huge)
+    assert store.versions("p") == []
+
+
+def test_a_server_refuses_an_adapter_of_another_base_model_or_shape(tmp_path: Path, loras: dict[str, Path]) -> None:
+    """Found: the server passed base_model=None, so an adapter for another model was loaded."""
+    store = AdapterStore(tmp_path / "store")
+    base = str(tiny_base_path())
+    foreign = _copy(loras["a"], tmp_path / "foreign")
+    config = json.loads((foreign / "adapter_config.json").read_text())
+    (foreign / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "Qwen/Qwen3-8B"}))
+    version = store.resolve(store.publish("f", foreign).name)  # the learner's machine cannot check an 8B shape
+    with pytest.raises(IncompatibleAdapter, match="trained on base model 'Qwen/Qwen3-8B'"):
+        check_compatible(version, max_rank=8, base_model=base)
+    check_compatible(store.resolve(store.publish("ok", loras["a"]).name), max_rank=8, base_model=base)

@@ -39,3 +39,45 @@ def test_unknown_inference_config_lists_the_known_ones() -> None:
     with pytest.raises(KeyError, match="local"):
         load_server_config("laptop")
     assert ServerConfig().host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ("port: 99999999", "port must be an integer in \\[0, 65535\\]"),
+        ("replica_cpus: -3", "replica_cpus must be a finite number"),
+        ("max_lora_rank: 0", "max_lora_rank must be one of"),
+        ("num_replicas: 0", "num_replicas must be an integer"),
+        ("engine_extra: {enable_lora: false}", "engine_extra may not set \\['enable_lora'\\]"),
+        ("host: 0.0.0.0", "needs allow_public_host: true"),
+        ("max_loras: 16\nmax_cpu_loras: 8", "max_cpu_loras \\(8\\) must be >= max_loras \\(16\\)"),
+        ("loaded_adapters: 64", "loaded_adapters \\(64\\) must be <= max_cpu_loras"),
+        ("request_timeout_s: .nan", "request_timeout_s must be a finite number"),
+        ("log_level: LOUD", "log_level must be one of"),
+        ("autoscaling: {min_replicas: 3, max_replicas: 1}", "autoscaling needs"),
+    ],
+)
+def test_out_of_range_and_inconsistent_settings_are_refused(tmp_path: Path, lines: str, message: str) -> None:
+    """Issue 12 found every one of these accepted by the loader."""
+    (tmp_path / "inference").mkdir()
+    (tmp_path / "inference" / "bad.yaml").write_text(lines + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_server_config("bad", tmp_path)
+
+
+def test_an_empty_config_file_is_an_error_not_the_defaults(tmp_path: Path) -> None:
+    (tmp_path / "inference").mkdir()
+    (tmp_path / "inference" / "empty.yaml").write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        load_server_config("empty", tmp_path)
+
+
+def test_a_public_host_needs_the_flag_and_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ValueError, match="allow_public_host"):
+        ServerConfig(host="192.168.1.5")
+    with caplog.at_level("WARNING"):
+        config = ServerConfig(host="0.0.0.0", allow_public_host=True)
+    assert config.host == "0.0.0.0" and "unauthenticated" in caplog.text
+    assert ServerConfig(host="::1").host == "::1" and ServerConfig(host="localhost").host == "localhost"
+    with pytest.raises(ValueError, match="must be an integer"):
+        ServerConfig(max_num_seqs=True)  # type: ignore[arg-type]

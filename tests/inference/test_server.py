@@ -187,7 +187,7 @@ def test_corrupt_adapter_and_malformed_requests_fail_alone(server: Server, tmp_p
         [_requests([ref.name])[0], bad_legal, dict(good, prompt=""), dict(good, temperature=-1), good]
     )
     assert "CorruptAdapter" in results[0]["error"] and "adapter_model.safetensors" in results[0]["error"]
-    assert "malformed legal-orders payload" in results[1]["error"]
+    assert "'legal' must have exactly the keys" in results[1]["error"]
     assert "prompt" in results[2]["error"] and "temperature" in results[3]["error"]
     assert results[4]["error"] is None and results[4]["complete"]
 
@@ -241,20 +241,177 @@ def test_adapters_beyond_the_lru_are_unloaded(server: Server, tmp_path: Path) ->
     assert status["unloads"] > before["unloads"]
 
 
-def test_a_killed_replica_is_restarted_and_serves_again(server: Server) -> None:
-    import ray
+def test_status_reports_a_healthy_replica(server: Server) -> None:
+    status = server.handle.status.remote().result(timeout_s=60)
+    assert status["dead"] is None and status["engine_pids"], status
+
+
+# ---- issue 12: no request can hurt another ------------------------------------------------
+
+
+def test_every_malformed_request_fails_alone_and_the_batch_gets_one_result_each(server: Server) -> None:
+    good = _requests(["base"])[0]
+    legal = good["legal"]
+    long_prompt = "A PAR - BUR\n" * 1500  # thousands of tokens: more than the 2048-token context
+    bad: list[tuple[dict[str, Any], str]] = [
+        (dict(good, prompt=long_prompt), "the context holds 2048"),
+        (dict(good, prompt=[-1, 5]), "'prompt' token 0"),
+        (dict(good, prompt=[10**10]), "'prompt' token 0"),
+        (dict(good, prompt=[True]), "'prompt' token 0"),  # found: hung the engine's input thread
+        (dict(good, prompt="A PAR \ud800"), "not valid unicode"),
+        (dict(good, temperature=float("nan")), "'temperature'"),
+        (dict(good, temperature=float("inf")), "'temperature'"),
+        (dict(good, temperature=1e308), "'temperature'"),
+        (dict(good, max_tokens=10**30), "'max_tokens'"),
+        (dict(good, max_tokens=True), "'max_tokens'"),
+        (dict(good, reasoning_max_tokens=-1), "'reasoning_max_tokens'"),
+        # found: killed the engine for good (OrderConstraint raised inside vLLM's busy loop)
+        (dict(good, legal={**legal, "kind": "none", "by_loc": {}, "n_required": 5}), "nothing to order"),
+        (dict(good, legal={**legal, "by_loc": {**legal["by_loc"], "PAR": ["A MAR - SPA"]}}), "not PAR"),
+        (dict(good, legal={**legal, "by_loc": {**legal["by_loc"], "PAR": ["A PAR H\n</orders>"]}}), "not a movement"),
+        (dict(good, legal={**legal, "by_loc": {**legal["by_loc"], "PAR": [""]}}), "not a movement order"),
+    ]
+    twins = [dict(good, request_id="same"), dict(_requests(["alpha@v1"])[0], request_id="same")]
+    batch = [good, *[b for b, _ in bad], *twins]
+    results = server.generate(batch)
+    assert len(results) == len(batch)
+    assert results[0]["error"] is None and results[0]["complete"]
+    for (_, message), result in zip(bad, results[1 : 1 + len(bad)], strict=True):
+        assert result["error"] is not None and message in result["error"], (message, result["error"])
+    for twin, result in zip(twins, results[-2:], strict=True):  # duplicate ids: each answered, its own policy
+        assert result["error"] is None and result["complete"] and result["request_id"] == "same"
+        assert result["policy"] == twin["policy"]
+    status = server.handle.status.remote().result(timeout_s=60)
+    assert status["dead"] is None
+
+
+def test_generate_with_a_string_is_an_error_not_one_request_per_character(server: Server) -> None:
+    with pytest.raises(Exception, match="generate takes a list of request dicts, got str"):
+        server.handle.generate.remote("a string").result(timeout_s=60)
+    assert server.generate([]) == []
+
+
+def test_tampered_foreign_and_nested_adapters_are_refused_on_load(server: Server, tmp_path: Path) -> None:
+    flip = server.store.publish("flip", make_lora_dir(tmp_path / "flip", seed=21))
+    [first] = server.generate(_requests([flip.name]))
+    assert first["error"] is None
+    # Load two others: the server keeps 2 loaded, so `flip` is unloaded and must be read again.
+    assert all(r["error"] is None for r in server.generate(_requests(["alpha@v1", "beta@v1"])))
+    weights = server.store.resolve(flip.name).path / "adapter_model.safetensors"
+    st = weights.stat()
+    weights.chmod(0o644)
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x01
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # found: served after an LRU reload
+
+    foreign_dir = make_lora_dir(tmp_path / "foreign", seed=22)
+    foreign = server.store.publish("foreign", foreign_dir, base_model="Qwen/Qwen3-8B")  # found: served
+    nested = server.store.publish("nested", make_lora_dir(tmp_path / "nested", seed=23))
+    manifest = server.store.root / "nested" / "v1" / "DIPRL_MANIFEST.json"
+    manifest.chmod(0o644)
+    manifest.write_text("[" * 50_000 + "]" * 50_000)  # found: RecursionError escaped the handler
+    results = server.generate(_requests([flip.name, foreign.name, nested.name, "base"]))
+    assert "CorruptAdapter" in results[0]["error"] and "sha256" in results[0]["error"]
+    assert "IncompatibleAdapter" in results[1]["error"] and "Qwen/Qwen3-8B" in results[1]["error"]
+    assert "CorruptAdapter" in results[2]["error"] and "RecursionError" in results[2]["error"]
+    assert results[3]["error"] is None and results[3]["complete"]
+
+
+def test_the_http_route_refuses_bools_and_bad_unicode(server: Server) -> None:
+    def post(body: bytes) -> int:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=120) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert post(b'{"model": "base", "prompt": [true], "max_tokens": 2}') == 422
+    assert post(b'{"model": "base", "prompt": "A \\ud800", "max_tokens": 2}') == 400
+    assert post(b'{"model": "base", "prompt": "A PAR", "max_tokens": 2, "temperature": 1e308}') == 400
+    assert post(b'{"model": "base", "prompt": "A PAR", "max_tokens": 2}') == 200
+
+
+FUZZ_COUNTS: dict[str, int] = {"malformed": 0, "good": 0, "good_failed": 0, "malformed_answered": 0}
+
+
+def test_fuzz_malformed_requests_mixed_with_good_ones(server: Server) -> None:
+    """A few hundred hypothesis-made malformed requests among good ones: every good one answered
+    complete, every bad one answered with an error, the replica alive and the same one throughout."""
+    from hypothesis import HealthCheck, given, settings
+
+    from .fuzz_requests import malformed_requests
 
     before = server.handle.status.remote().result(timeout_s=60)
-    ray.kill(ray.get_actor(before["replica"], namespace="serve"), no_restart=True)
+    goods = _requests(["base", "alpha@v1", "beta@v1", "base", "alpha@v1", "base"])
+
+    @settings(
+        max_examples=6,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(malformed_requests(goods[0], count=50))
+    def batch_of(bad: list[Any]) -> None:
+        batch = [*bad[:25], *goods, *bad[25:]]
+        results = server.generate(batch)
+        assert len(results) == len(batch)
+        answered_good = results[25 : 25 + len(goods)]
+        FUZZ_COUNTS["good"] += len(goods)
+        FUZZ_COUNTS["good_failed"] += sum(r["error"] is not None or not r["complete"] for r in answered_good)
+        FUZZ_COUNTS["malformed"] += len(bad)
+        FUZZ_COUNTS["malformed_answered"] += sum(
+            r["error"] is not None for r in results[:25] + results[25 + len(goods) :]
+        )
+
+    start = time.perf_counter()
+    batch_of()
+    seconds = time.perf_counter() - start
+    after = server.handle.status.remote().result(timeout_s=60)
+    assert after["actor_id"] == before["actor_id"] and after["dead"] is None
+    assert FUZZ_COUNTS["good_failed"] == 0 and FUZZ_COUNTS["malformed_answered"] == FUZZ_COUNTS["malformed"]
+    assert FUZZ_COUNTS["malformed"] >= 300
+    print(
+        f"fuzz: {FUZZ_COUNTS['malformed']} malformed + {FUZZ_COUNTS['good']} good requests in "
+        f"{seconds:.1f} s: {FUZZ_COUNTS['good'] - FUZZ_COUNTS['good_failed']}/{FUZZ_COUNTS['good']} good answered, "
+        f"{FUZZ_COUNTS['malformed_answered']}/{FUZZ_COUNTS['malformed']} malformed refused, same replica alive"
+    )
+
+
+def test_a_dead_engine_fails_in_flight_requests_and_its_replica_is_replaced(server: Server) -> None:
+    """Kill the replica's vLLM engine core: requests get an error (none hangs), health checks fail,
+    Serve starts a new replica, and it serves. (Runs last: it replaces the module's replica.)"""
+    import signal
+
+    before = server.handle.status.remote().result(timeout_s=60)
+    in_flight = server.handle.generate.remote(_requests(["base", "alpha@v1"] * 4))
+    time.sleep(1.0)
+    for pid in before["engine_pids"]:
+        os.kill(pid, signal.SIGKILL)
+    try:
+        results = in_flight.result(timeout_s=120)
+        assert all(r["error"] is not None or r["complete"] for r in results)  # finished ones may have made it
+    except Exception as exc:  # the replica may be torn down under the call: an error, not a hang
+        assert "timed out" not in str(exc).lower(), exc
     deadline = time.time() + 300
     while True:
         try:
             results = server.generate(_requests(["base", "alpha@v1"]), timeout=120)
             if all(r["error"] is None and r["complete"] for r in results):
                 break
+            assert all(
+                r["error"] and r["error"].startswith(("EngineDead", "EngineError")) for r in results if r["error"]
+            )
+        except AssertionError:
+            raise
         except Exception:
-            if time.time() > deadline:
-                raise
-            time.sleep(2)
+            pass
+        if time.time() > deadline:
+            raise AssertionError("no new replica served within 300 s of the engine's death")
+        time.sleep(2)
     after = server.handle.status.remote().result(timeout_s=60)
-    assert after["actor_id"] != before["actor_id"]  # a new replica, not the old one
+    assert after["actor_id"] != before["actor_id"] and after["dead"] is None  # a new replica, not the old one

@@ -1,0 +1,84 @@
+"""Immutable, verified LoRA adapter versions (`<policy>@v<N>`) and how they reach a replica.
+
+The learner publishes, the league refers to versions by name, and every `PolicyServer` replica
+loads them on first use. One module per job:
+
+- `names`: the one parser of `base` / `<policy>@v<N>`, the error classes, base-model identity;
+- `files`: what makes PEFT files servable (config, safetensors header, fit to a base model);
+- `manifest`: the per-version record of sizes and hashes, parsed as untrusted input;
+- `store`: `AdapterStore`, atomic immutable publishing and verified reading;
+- `transport`: packing, the replica's verified local cache, Ray's object store.
+
+Everything other code uses is importable from here (`from diprl.inference.adapters import ...`).
+"""
+
+from diprl.inference.adapters.files import (
+    ADAPTER_FILES,
+    CONFIG_FILE,
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    AdapterShape,
+    base_weight_shapes,
+    check_compatible,
+    check_weights_fit_base,
+)
+from diprl.inference.adapters.manifest import MANIFEST_FORMAT, AdapterFile, AdapterVersion
+from diprl.inference.adapters.names import (
+    BASE,
+    MAX_VERSION,
+    AdapterError,
+    AdapterRef,
+    CorruptAdapter,
+    IncompatibleAdapter,
+    InvalidAdapterName,
+    UnknownAdapter,
+    base_model_key,
+    parse_policy_ref,
+    same_base_model,
+    validate_policy_name,
+)
+from diprl.inference.adapters.store import INDEX_FILE, INDEX_FORMAT, AdapterStore, SavesPretrained
+from diprl.inference.adapters.transport import (
+    Fetch,
+    LocalAdapterCache,
+    materialize,
+    object_store_fetch,
+    pack_adapter,
+    put_adapter,
+)
+
+__all__ = [
+    "ADAPTER_FILES",
+    "BASE",
+    "CONFIG_FILE",
+    "INDEX_FILE",
+    "INDEX_FORMAT",
+    "MANIFEST_FILE",
+    "MANIFEST_FORMAT",
+    "MAX_VERSION",
+    "WEIGHTS_FILE",
+    "AdapterError",
+    "AdapterFile",
+    "AdapterRef",
+    "AdapterShape",
+    "AdapterStore",
+    "AdapterVersion",
+    "CorruptAdapter",
+    "Fetch",
+    "IncompatibleAdapter",
+    "InvalidAdapterName",
+    "LocalAdapterCache",
+    "SavesPretrained",
+    "UnknownAdapter",
+    "base_model_key",
+    "base_weight_shapes",
+    "check_compatible",
+    "check_weights_fit_base",
+    "materialize",
+    "object_store_fetch",
+    "pack_adapter",
+    "parse_policy_ref",
+    "put_adapter",
+    "same_base_model",
+    "validate_policy_name",
+]

@@ -1,0 +1,132 @@
+"""Adapter names (`base`, `<policy>@v<N>`), the errors every adapter operation raises, and base-model identity.
+
+Names arrive in requests from rollout workers, so a name is parsed by exactly one function
+(`parse_policy_ref`) into a policy and a version number, and paths are only ever built from those
+validated parts: no request can name a file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+BASE = "base"
+"""The PolicyRef of the bare base model: no adapter, and never a valid policy name."""
+
+MAX_VERSION = 999_999_999
+
+POLICY_PATTERN = r"[a-z][a-z0-9_-]{0,47}"
+_VERSION_PATTERN = r"[1-9][0-9]{0,8}"
+_NAME_RE = re.compile(rf"(?P<policy>{POLICY_PATTERN})@v(?P<version>{_VERSION_PATTERN})", re.ASCII)
+VERSION_DIR_RE = re.compile(rf"v(?P<version>{_VERSION_PATTERN})", re.ASCII)
+NAME_HELP = (
+    "a valid name is 'base' or '<policy>@v<N>': policy is 1-48 characters of lowercase ASCII letters, digits, "
+    "'_' or '-' starting with a letter, and N is a version number from 1 without leading zeros (e.g. 'main@v3')"
+)
+
+
+class AdapterError(ValueError):
+    """Anything wrong with an adapter name or version; the request fails, the replica stays up."""
+
+
+class InvalidAdapterName(AdapterError):
+    """The string is not `base` or `<policy>@v<N>` (paths, traversal, whitespace, case...)."""
+
+
+class UnknownAdapter(AdapterError):
+    """A well-formed name the store (or the transport) does not hold."""
+
+
+class CorruptAdapter(AdapterError):
+    """Files that do not match their manifest, or that are not a readable PEFT LoRA adapter."""
+
+
+class IncompatibleAdapter(AdapterError):
+    """A sound adapter this server cannot apply: rank above its max, another base model, other modules."""
+
+
+@dataclass(frozen=True, order=True)
+class AdapterRef:
+    """A validated adapter name: parse one with `parse_policy_ref`, or build one as `AdapterRef(policy, n)`."""
+
+    policy: str
+    version: int
+
+    def __post_init__(self) -> None:
+        # Direct construction gets the same check as parsing: paths are built from these fields.
+        if not isinstance(self.version, int) or isinstance(self.version, bool):
+            raise InvalidAdapterName(f"adapter version must be an int, got {self.version!r}; {NAME_HELP}")
+        ref = parse_policy_ref(f"{self.policy}@v{self.version}") if isinstance(self.policy, str) else None
+        if ref is None:
+            raise InvalidAdapterName(f"invalid adapter {self.policy!r}@v{self.version!r}; {NAME_HELP}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.policy}@v{self.version}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_policy_ref(name: str) -> AdapterRef | None:
+    """Parse a PolicyRef naming a model: `None` for `base`, an `AdapterRef` for `<policy>@v<N>`.
+
+    This is the one gate between request strings and the filesystem; every other function here
+    goes through it. Versions start at 1 and have no leading zeros so each version has exactly one
+    spelling (`p@v01` and `p@v1` cannot become two cache entries for one adapter).
+    """
+    if not isinstance(name, str):
+        raise InvalidAdapterName(f"adapter name must be a string, got {type(name).__name__}; {NAME_HELP}")
+    if name == BASE:
+        return None
+    match = _NAME_RE.fullmatch(name)
+    if match is None or match["policy"] == BASE:
+        raise InvalidAdapterName(f"invalid adapter name {name[:80]!r}; {NAME_HELP}")
+    ref = object.__new__(AdapterRef)  # fields already validated; skip __post_init__'s re-parse
+    object.__setattr__(ref, "policy", match["policy"])
+    object.__setattr__(ref, "version", int(match["version"]))
+    return ref
+
+
+def validate_policy_name(policy: str) -> str:
+    """Return `policy` if it can name adapter versions (checked by `parse_policy_ref` itself)."""
+    if not isinstance(policy, str) or "@" in policy:
+        raise InvalidAdapterName(f"invalid policy name {policy!r}; {NAME_HELP}")
+    try:
+        parse_policy_ref(f"{policy}@v1")
+    except InvalidAdapterName:
+        raise InvalidAdapterName(f"invalid policy name {policy[:80]!r}; {NAME_HELP}") from None
+    if policy == BASE:
+        raise InvalidAdapterName(f"{BASE!r} is the base model and cannot be a policy name; {NAME_HELP}")
+    return policy
+
+
+def require_adapter(name: str) -> AdapterRef:
+    """The ref `name` parses to; `base` is an `UnknownAdapter` here (it has no files)."""
+    ref = parse_policy_ref(name)
+    if ref is None:
+        raise UnknownAdapter(f"{BASE!r} is the bare base model: it has no adapter files to load")
+    return ref
+
+
+def base_model_key(name_or_path: str) -> str:
+    """What identifies a base model across machines, for comparing an adapter's base with a server's.
+
+    The learner and the replicas may see one model under different paths: a hub snapshot lives at
+    `.../models--Qwen--Qwen3-8B/snapshots/<rev>` (key `Qwen/Qwen3-8B`), and the tiny model's
+    directory name `tiny-qwen3-<hash>` already fingerprints its spec. Anything else compares as
+    written, minus trailing slashes.
+    """
+    text = name_or_path.strip().rstrip("/")
+    parts = Path(text).parts
+    for part in parts:
+        if part.startswith("models--") and part.count("--") >= 2:
+            return "/".join(part.split("--")[1:])
+    if parts and parts[-1].startswith("tiny-qwen3-"):
+        return parts[-1]
+    return text
+
+
+def same_base_model(a: str, b: str) -> bool:
+    return base_model_key(a) == base_model_key(b)

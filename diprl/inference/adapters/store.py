@@ -1,0 +1,303 @@
+"""`AdapterStore`: immutable, verified adapter versions under one directory.
+
+Layout of a store (the directory is the source of truth; `index.json` is a convenience):
+
+    root/index.json                           every policy's versions, rewritten atomically
+    root/<policy>/v<N>/adapter_config.json    PEFT files, copied byte for byte, read-only
+    root/<policy>/v<N>/adapter_model.safetensors
+    root/<policy>/v<N>/DIPRL_MANIFEST.json    size + sha256 of each file, rank, alpha, modules, base
+    root/<policy>/.tmp-<uuid>/                a publish in progress (never listed)
+
+Publishing writes a complete version into a temp directory, fsyncs it, and claims the next number
+with one `rename`: Linux refuses to rename a directory onto a non-empty one, so two concurrent
+publishers can never share a number and a reader never sees half a version. Versions are never
+rewritten; a crashed publish leaves only a temp directory that no listing shows. Numbers come from
+complete versions only, so a stray `v999999999` directory cannot exhaust them.
+
+Nothing under the root may be a symlink: a linked policy or version directory could point outside
+the store (or at files an attacker controls), so it is refused as unknown rather than served.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from diprl.atomic_io import fsync_dir
+from diprl.inference.adapters import _fs
+from diprl.inference.adapters.files import (
+    ADAPTER_FILES,
+    CONFIG_FILE,
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    adapter_shape,
+    check_compatible,
+    check_weights_fit_base,
+    read_config,
+    tensor_specs_of_file,
+)
+from diprl.inference.adapters.manifest import AdapterFile, AdapterVersion, manifest_dict, version_from_manifest
+from diprl.inference.adapters.names import (
+    BASE,
+    MAX_VERSION,
+    POLICY_PATTERN,
+    VERSION_DIR_RE,
+    AdapterError,
+    AdapterRef,
+    CorruptAdapter,
+    InvalidAdapterName,
+    UnknownAdapter,
+    parse_policy_ref,
+    require_adapter,
+    validate_policy_name,
+)
+
+INDEX_FILE = "index.json"
+INDEX_FORMAT = "diprl-adapter-index/1"
+
+
+class SavesPretrained(Protocol):
+    """A PEFT model (or anything) that writes `adapter_config.json` + safetensors weights."""
+
+    def save_pretrained(self, save_directory: str, **kwargs: Any) -> Any: ...
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def version_numbers(policy_dir: Path) -> list[int]:
+    """Numbers of the complete versions under `policy_dir`: real `v<N>` directories holding a manifest.
+
+    Anything else (a stray empty `v999999999`, a file, a symlink) is ignored for listing and for
+    numbering; a publish that collides with one simply takes the next number.
+    """
+    if not _fs.is_real_dir(policy_dir):
+        return []
+    try:
+        entries = list(os.scandir(policy_dir))
+    except OSError:
+        return []
+    numbers = []
+    for entry in entries:
+        match = VERSION_DIR_RE.fullmatch(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        manifest = Path(entry.path, MANIFEST_FILE)
+        if manifest.is_file() and not manifest.is_symlink():
+            numbers.append(int(match["version"]))
+    return sorted(numbers)
+
+
+class AdapterStore:
+    """Adapter versions under one root directory (local disk or a shared mount).
+
+    Read operations never write, so replicas can mount the root read-only. `resolve` hashes every
+    file each time it is called: it is called when a replica loads a version into its engine, and a
+    cache keyed on file metadata would trust a byte flipped with its mtime restored.
+    """
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"AdapterStore({str(self.root)!r})"
+
+    check_compatible = staticmethod(check_compatible)
+
+    # ---- listing ------------------------------------------------------------------------
+
+    def versions(self, policy: str) -> list[AdapterRef]:
+        """Complete versions of `policy`, oldest first (read from the directory, not the index)."""
+        validate_policy_name(policy)
+        return [AdapterRef(policy, n) for n in version_numbers(self.root / policy)]
+
+    def latest(self, policy: str) -> AdapterRef | None:
+        refs = self.versions(policy)
+        return refs[-1] if refs else None
+
+    def policies(self) -> list[str]:
+        """Policies with at least one complete version, sorted (symlinked policy directories excluded)."""
+        try:
+            entries = sorted(e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [
+            name
+            for name in entries
+            if re.fullmatch(POLICY_PATTERN, name, re.ASCII) and name != BASE and version_numbers(self.root / name)
+        ]
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            ref = parse_policy_ref(name)  # type: ignore[arg-type]
+        except InvalidAdapterName:
+            return False
+        return ref is not None and ref.version in version_numbers(self.root / ref.policy)
+
+    # ---- index ----------------------------------------------------------------------------
+
+    def index(self) -> dict[str, Any]:
+        """The store's contents as `index.json` should say, computed from the directory."""
+        return {
+            "format": INDEX_FORMAT,
+            "policies": {p: [r.version for r in self.versions(p)] for p in self.policies()},
+        }
+
+    def refresh_index(self) -> bool:
+        """Rewrite `index.json` if it is missing or disagrees with the directory; True if it was.
+
+        Called after every publish; tools may call it too. Holds a lock so two publishers cannot
+        interleave scan and write and drop each other's new version.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        _fs.sweep_stale_tmp(self.root)
+        with _fs.locked(self.root / ".index.lock"):
+            current = self.index()
+            try:
+                on_disk = json.loads((self.root / INDEX_FILE).read_text())
+                if isinstance(on_disk, dict) and on_disk.get("policies") == current["policies"]:
+                    return False
+            except (OSError, ValueError, RecursionError):
+                pass
+            _fs.write_json_atomic(self.root / INDEX_FILE, {**current, "updated": now()})
+            return True
+
+    # ---- publishing -------------------------------------------------------------------------
+
+    def publish(self, policy: str, source: Path | str | SavesPretrained, base_model: str | None = None) -> AdapterRef:
+        """Store a new immutable version of `policy` and return its ref (`policy@v<N>`, N = latest + 1).
+
+        `source` is a directory written by PEFT's `save_pretrained` (safetensors) or a PEFT model,
+        which is saved here. `base_model` overrides the config's `base_model_name_or_path`, which
+        is empty for models built in memory. The files are validated before a number is claimed
+        (config, safetensors header, dtypes, and, when the base model is a local directory, every
+        module's shapes against its weights), so a bad adapter never becomes a version.
+        """
+        validate_policy_name(policy)
+        if base_model is not None and (not isinstance(base_model, str) or not base_model.strip()):
+            raise AdapterError(f"base_model must be a non-empty string or None, got {base_model!r}")
+        policy_dir = self.root / policy
+        if policy_dir.is_symlink() or (policy_dir.exists() and not _fs.is_real_dir(policy_dir)):
+            raise CorruptAdapter(f"{policy_dir} is a symlink or not a directory: the store refuses to publish there")
+        if not policy_dir.is_dir():
+            self.root.mkdir(parents=True, exist_ok=True)
+            policy_dir.mkdir(exist_ok=True)
+            fsync_dir(self.root)
+        _fs.sweep_stale_tmp(policy_dir)
+        tmp = policy_dir / f"{_fs.TMP_PREFIX}{uuid.uuid4().hex}"
+        tmp.mkdir()
+        try:
+            if isinstance(source, str | Path):
+                ref = self._publish_from(Path(source), tmp, policy, base_model)
+            else:
+                with tempfile.TemporaryDirectory(prefix=_fs.TMP_PREFIX, dir=policy_dir) as saved:
+                    source.save_pretrained(saved, safe_serialization=True)
+                    ref = self._publish_from(Path(saved), tmp, policy, base_model)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.refresh_index()
+        return ref
+
+    def _publish_from(self, src: Path, tmp: Path, policy: str, base_model: str | None) -> AdapterRef:
+        where = f"publishing {policy} from {src}"
+        for name in ADAPTER_FILES:
+            if not (src / name).is_file():
+                hint = " (save with safe_serialization=True)" if (src / "adapter_model.bin").exists() else ""
+                raise CorruptAdapter(f"{where}: {name} is missing{hint}")
+        files = [AdapterFile(name, *_fs.copy_hashing(src / name, tmp / name)) for name in ADAPTER_FILES]
+        config = read_config((tmp / CONFIG_FILE).read_bytes(), where)
+        specs = tensor_specs_of_file(tmp / WEIGHTS_FILE, where)
+        shape = adapter_shape(config, specs, where, base_model)
+        if shape.base_model is not None:
+            check_weights_fit_base(specs, shape.base_model, where)
+        created = now()
+        number = max(version_numbers(tmp.parent), default=0) + 1
+        while True:
+            if number > MAX_VERSION:
+                raise AdapterError(f"{where}: policy {policy!r} has run out of version numbers")
+            ref = AdapterRef(policy, number)
+            # The manifest names the version, so it is rewritten whenever a race moves the number.
+            _fs.write_bytes(
+                tmp / MANIFEST_FILE, json.dumps(manifest_dict(ref, shape, files, created), indent=1).encode()
+            )
+            _fs.freeze(tmp)
+            fsync_dir(tmp)
+            target = tmp.parent / f"v{number}"
+            try:
+                if target.is_symlink() or (target.exists() and not target.is_dir()):
+                    raise FileExistsError(errno.EEXIST, "not a directory", str(target))
+                os.rename(tmp, target)
+            except OSError as err:
+                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                    raise
+                (tmp / MANIFEST_FILE).chmod(0o644)
+                number = max([number, *version_numbers(tmp.parent)]) + 1
+                continue
+            fsync_dir(tmp.parent)
+            return ref
+
+    # ---- reading -----------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> AdapterVersion:
+        """The verified version `name` names, ready to load.
+
+        Every file's size and SHA-256 are checked against the manifest on every call, and nothing on
+        the way (policy directory, version directory, files) may be a symlink, so a truncated,
+        bit-flipped or swapped file is reported here, naming the file, rather than loaded.
+        """
+        ref = require_adapter(name)
+        policy_dir = self.root / ref.policy
+        path = policy_dir / f"v{ref.version}"
+        manifest = path / MANIFEST_FILE
+        if not (_fs.is_real_dir(policy_dir) and _fs.is_real_dir(path)) or manifest.is_symlink():
+            known = ", ".join(r.name for r in self.versions(ref.policy)) or "none"
+            hint = " (symlinks in the store are refused)" if policy_dir.is_symlink() or path.is_symlink() else ""
+            raise UnknownAdapter(
+                f"unknown adapter {ref.name} in {self.root} (versions of {ref.policy!r}: {known}){hint}"
+            )
+        try:
+            raw = manifest.read_bytes()
+        except FileNotFoundError:
+            known = ", ".join(r.name for r in self.versions(ref.policy)) or "none"
+            raise UnknownAdapter(
+                f"unknown adapter {ref.name} in {self.root} (versions of {ref.policy!r}: {known})"
+            ) from None
+        except OSError as err:
+            raise CorruptAdapter(f"{ref.name}: cannot read {manifest}: {err}") from None
+        version = version_from_manifest(raw, path, f"{ref.name} at {path}")
+        if version.ref != ref:
+            raise CorruptAdapter(
+                f"{ref.name}: {manifest} describes {version.name}; the directory was copied or renamed"
+            )
+        self._check_files(version)
+        return version
+
+    def _check_files(self, version: AdapterVersion) -> None:
+        for f in version.files:
+            path = version.path / f.name
+            try:
+                st = path.lstat()
+            except OSError as err:
+                raise CorruptAdapter(f"{version.name}: {path} is unreadable or missing ({err.strerror})") from None
+            if path.is_symlink():
+                raise CorruptAdapter(f"{version.name}: {path} is a symlink; the store refuses to follow it")
+            if st.st_size != f.size:
+                raise CorruptAdapter(f"{version.name}: {path} has {st.st_size} bytes, its manifest says {f.size}")
+            try:
+                digest = _fs.sha256_file(path)
+            except OSError as err:
+                raise CorruptAdapter(f"{version.name}: cannot read {path} ({err.strerror})") from None
+            if digest != f.sha256:
+                raise CorruptAdapter(f"{version.name}: {path} does not match the sha256 in its manifest")
