@@ -1,7 +1,8 @@
 """Evaluation: playing benchmark games and reporting them with honest uncertainty.
 
 `stats` holds the pure interval math (Wilson, normal, bootstrap); `arena_games` the reusable
-game loop and DipNet's outcome categories. `arena` plays bot-vs-bot games in worker processes (CLI: `python -m diprl.arena`).
+game loop and DipNet's outcome categories; `arena` bot-vs-bot games in worker processes (CLI:
+`python -m diprl.arena`).
 """
 
 from diprl.eval.arena_games import CATEGORIES, Category, GameRecord, categorize, play_game, seat_seed
