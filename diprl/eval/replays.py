@@ -26,7 +26,9 @@ def _frame_name(i: int, phase: str) -> str:
     return f"{i:03d}_{phase}.svg"
 
 
-def write_replay(game: DiplomacyGame, root: Path, game_id: str, seats: Mapping[str, str] | None = None) -> Path:
+def write_replay(
+    game: DiplomacyGame, root: Path, game_id: str, seats: Mapping[str, str] | None = None, hero: str | None = None
+) -> Path:
     """Write `game`'s replay JSON, SVG frames (each processed phase with its orders, then the final
     board) and `index.html` under `root/game_id`; returns the HTML page's path."""
     out = root / game_id
@@ -54,7 +56,7 @@ def write_replay(game: DiplomacyGame, root: Path, game_id: str, seats: Mapping[s
         }
     )
     page = out / "index.html"
-    page.write_text(viewer_html(game_id, frames, dict(seats or {})))
+    page.write_text(viewer_html(game_id, frames, dict(seats or {}), hero))
     return page
 
 
@@ -68,16 +70,17 @@ body { font-family: sans-serif; margin: 12px; background: #f6f6f2; }
 #map { width: 62vw; max-width: 1000px; border: 1px solid #999; background: white; }
 #side { font-size: 0.85em; max-height: 88vh; overflow-y: auto; }
 table { border-collapse: collapse; } td, th { padding: 1px 6px; text-align: left; }
-.power { font-weight: bold; margin-top: 6px; } .res { color: #a33; }
+.power { font-weight: bold; margin-top: 6px; } .res { color: #a33; } .hero { font-weight: bold; }
 </style></head><body>
 <h2>__TITLE__</h2>
-<div id="bar"><button id="first">&#x23EE;</button><button id="prev">&#x25C0;</button>
-<button id="play">play</button><button id="next">&#x25B6;</button><button id="last">&#x23ED;</button>
+<div id="bar"><button id="first">&laquo; first</button><button id="prev">&lsaquo; prev</button>
+<button id="play">play</button><button id="next">next &rsaquo;</button><button id="last">last &raquo;</button>
 <input id="slider" type="range" min="0" value="0"><span id="phase"></span><span id="count"></span></div>
 <div id="wrap"><img id="map" alt="map"><div id="side"><table id="centres"></table><div id="orders"></div></div></div>
 <script>
 const FRAMES = __FRAMES__;
 const SEATS = __SEATS__;
+const HERO = __HERO__;
 let i = 0, timer = null;
 const $ = (id) => document.getElementById(id);
 $("slider").max = FRAMES.length - 1;
@@ -89,7 +92,8 @@ function show(k) {
   $("count").textContent = `frame ${i + 1} / ${FRAMES.length}`;
   let rows = "<tr><th>power</th><th>seat</th><th>centres</th></tr>";
   for (const [p, n] of Object.entries(f.centres)) {
-    rows += `<tr><td>${esc(p)}</td><td>${esc(SEATS[p] || "")}</td><td>${n}</td></tr>`;
+    const who = esc(SEATS[p] || "") + (p === HERO ? " (hero)" : "");
+    rows += `<tr${p === HERO ? ' class="hero"' : ""}><td>${esc(p)}</td><td>${who}</td><td>${n}</td></tr>`;
   }
   $("centres").innerHTML = rows;
   let html = "";
@@ -121,7 +125,7 @@ show(0);
 """
 
 
-def viewer_html(title: str, frames: list[dict[str, Any]], seats: dict[str, str]) -> str:
+def viewer_html(title: str, frames: list[dict[str, Any]], seats: dict[str, str], hero: str | None = None) -> str:
     """The stepping viewer page; data goes in as JSON with `<` escaped, so no text can end the script."""
 
     def data(value: Any) -> str:
@@ -131,4 +135,5 @@ def viewer_html(title: str, frames: list[dict[str, Any]], seats: dict[str, str])
         _PAGE.replace("__TITLE__", html.escape(f"diprl replay: {title}"))
         .replace("__FRAMES__", data(frames))
         .replace("__SEATS__", data(seats))
+        .replace("__HERO__", data(hero))
     )

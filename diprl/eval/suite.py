@@ -319,10 +319,11 @@ def play_lockstep(
                 still.append(table)
                 continue
             result = table.result()
-            if table.spec.replay_dir is not None:
+            spec = table.spec
+            if spec.replay_dir is not None:
                 from diprl.eval.replays import write_replay
 
-                write_replay(table.game, Path(table.spec.replay_dir), f"game{table.spec.index:04d}", table.spec.seats)
+                write_replay(table.game, Path(spec.replay_dir), f"game{spec.index:04d}", spec.seats, spec.hero)
             played[(result.suite, result.index)] = result
             if on_done is not None:
                 on_done(result)
