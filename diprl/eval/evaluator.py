@@ -191,7 +191,7 @@ def start_evaluator(
     """
     import ray
 
-    actor = ray.remote(Evaluator).options(  # type: ignore[attr-defined]
+    actor = ray.remote(Evaluator).options(
         name=name, get_if_exists=True, num_cpus=num_cpus, max_restarts=-1, max_task_retries=-1
     )
     return actor.remote(config, str(run_dir))

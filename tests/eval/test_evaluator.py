@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,12 +13,12 @@ from diprl.eval.evaluator import Evaluator, EvaluatorConfig, start_evaluator
 
 from .conftest import RecordingClient
 
-SMALL = {"games": 2, "max_year": 1901}
-
 
 def test_evaluate_writes_a_report_per_opponent_and_a_metrics_line(tmp_path: Path) -> None:
     client = RecordingClient()
-    evaluator = Evaluator(EvaluatorConfig(pool=["bot:random", "base"], plots=False, **SMALL), tmp_path, client)
+    evaluator = Evaluator(
+        EvaluatorConfig(pool=["bot:random", "base"], plots=False, games=2, max_year=1901), tmp_path, client
+    )
     result = evaluator.evaluate("main@v3", "step-10")
     assert result["pool"] == ["bot:random", "base"]
     assert set(result["suites"]) == {"bot:random", "base"}
@@ -32,7 +33,7 @@ def test_evaluate_writes_a_report_per_opponent_and_a_metrics_line(tmp_path: Path
 
 
 def test_the_hero_is_not_its_own_opponent_and_pins_survive_a_restart(tmp_path: Path) -> None:
-    config = EvaluatorConfig(pool=["bot:random", "bot:hold"], plots=False, **SMALL)
+    config = EvaluatorConfig(pool=["bot:random", "bot:hold"], plots=False, games=2, max_year=1901)
     first = Evaluator(config, tmp_path)
     assert first.pin("bot:dumbbot") == ["bot:random", "bot:hold", "bot:dumbbot"]
     again = Evaluator(config, tmp_path)
@@ -43,7 +44,7 @@ def test_the_hero_is_not_its_own_opponent_and_pins_survive_a_restart(tmp_path: P
 
 @pytest.mark.parametrize("tag", ["", "../x", "a/b", "x" * 200])
 def test_bad_tags_are_refused(tmp_path: Path, tag: str) -> None:
-    evaluator = Evaluator(EvaluatorConfig(pool=["bot:random"], **SMALL), tmp_path)
+    evaluator = Evaluator(EvaluatorConfig(pool=["bot:random"], games=2, max_year=1901), tmp_path)
     with pytest.raises(ValueError, match="tag"):
         evaluator.evaluate("bot:hold", tag)
 
@@ -65,7 +66,7 @@ def test_the_named_actor_evaluates_on_a_local_ray_cluster(tmp_path: Path) -> Non
         config = EvaluatorConfig(pool=["bot:random"], client="uniform", plots=False, games=1, max_year=1901)
         handle = start_evaluator(config, tmp_path)  # the caller keeps the handle: the actor lives with it
         actor = ray.get_actor("evaluator")
-        result = ray.get(actor.evaluate.remote("base", "smoke"), timeout=300)
+        result: Any = ray.get(actor.evaluate.remote("base", "smoke"), timeout=300)
         assert result["suites"]["bot:random"]["llm"]["hero_requests"] > 0
         assert (tmp_path / "eval" / "smoke" / "report.json").is_file()
         again = start_evaluator(config, tmp_path)  # the running actor is returned, not a second one
