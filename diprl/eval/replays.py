@@ -6,8 +6,9 @@
 
 The viewer is one self-contained page (no network, no build step) showing each frame with its
 phase, the orders played and every power's centre count; it references the SVG files beside it,
-so frames can also be opened one by one. Rendering uses the engine's own renderer (about half a
-second per phase here), which is why only the first `replays` games of a suite are written.
+so frames can also be opened one by one; `index.html#frame=12` opens at frame 12. Rendering uses
+the engine's own renderer (about half a second per phase here), which is why only the first
+`replays` games of a suite are written.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def write_replay(
     return page
 
 
-_PAGE = """<!DOCTYPE html>
+_PAGE = r"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
 <style>
 body { font-family: sans-serif; margin: 12px; background: #f6f6f2; }
@@ -120,7 +121,8 @@ document.addEventListener("keydown", (e) => {
   if (e.key === "ArrowRight") show(i + 1); else if (e.key === "ArrowLeft") show(i - 1);
   else if (e.key === "Home") show(0); else if (e.key === "End") show(FRAMES.length - 1);
 });
-show(0);
+const start = /frame=(\d+)/.exec(location.hash);  // index.html#frame=12 opens at frame 12
+show(start ? +start[1] : 0);
 </script></body></html>
 """
 
