@@ -27,7 +27,7 @@ from typing import Any
 
 from diprl.bots.base import Agent
 from diprl.eval.arena_games import CATEGORIES, Category, categorize, play_game, seat_seed
-from diprl.eval.stats import bootstrap_ci, wilson_interval
+from diprl.eval.stats import mean_summary, rate_summary
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
 
 AgentFactory = Callable[[str, int], Agent]
@@ -180,40 +180,30 @@ def run_arena(
     return sorted(results, key=lambda g: g.index)
 
 
-def _rate(count: int, n: int) -> dict[str, Any]:
-    low, high = wilson_interval(count, n)
-    return {"count": count, "rate": count / n if n else 0.0, "ci95": [low, high]}
-
-
-def _mean(values: Sequence[float]) -> dict[str, Any]:
-    mean, low, high = bootstrap_ci(values, seed=0)
-    return {"mean": mean, "ci95": [low, high]}
-
-
 def summarize(config: ArenaConfig, games: Sequence[ArenaGame], wall_seconds: float) -> dict[str, Any]:
     """Aggregate the games into the report: everything but `timing` is deterministic."""
     if not games:
         raise ValueError("no games to summarize")
     n = len(games)
-    categories = {c.value: _rate(sum(g.category == c.value for g in games), n) for c in CATEGORIES}
+    categories = {c.value: rate_summary(sum(g.category == c.value for g in games), n) for c in CATEGORIES}
     per_power: dict[str, Any] = {}
     for power in standard_powers():
         mine = [g for g in games if g.hero_power == power]
         solos = sum(g.category == Category.SOLO.value for g in mine)
         per_power[power] = {
             "games": len(mine),
-            "solo": _rate(solos, len(mine)),
+            "solo": rate_summary(solos, len(mine)),
             "mean_centres": sum(g.hero_centres for g in mine) / len(mine) if mine else None,
             "mean_sum_of_squares": sum(g.hero_sum_of_squares for g in mine) / len(mine) if mine else None,
             "categories": {c.value: sum(g.category == c.value for g in mine) for c in CATEGORIES},
         }
-    centres = _mean([float(g.hero_centres) for g in games])
+    centres = mean_summary([float(g.hero_centres) for g in games])
     return {
         "config": asdict(config),
         "games": n,
         "categories": categories,
         "hero_centres": centres,
-        "hero_sum_of_squares": _mean([g.hero_sum_of_squares for g in games]),
+        "hero_sum_of_squares": mean_summary([g.hero_sum_of_squares for g in games]),
         "interval_methods": {"rates": "wilson", "means": "percentile bootstrap, 2000 resamples, seed 0"},
         "per_power": per_power,
         "mean_phases": sum(g.phases for g in games) / n,

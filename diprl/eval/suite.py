@@ -33,7 +33,7 @@ from diprl.eval.arena import SEED_STRIDE, check_max_year, game_seed, standard_po
 from diprl.eval.arena_games import CATEGORIES, Category, GameRecord, categorize, seat_seed
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
 from diprl.eval.refs import check_policy_ref, is_llm
-from diprl.eval.stats import bootstrap_ci, wilson_interval
+from diprl.eval.stats import mean_summary, rate_summary
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame, PhaseRecord
 from diprl.game.scoring import score_game
 from diprl.rollout.clients import PolicyClient
@@ -410,16 +410,6 @@ def run_suite(config: SuiteConfig, client: PolicyClient | None = None, progress:
 # ------------------------------------------------------------------------------------ report
 
 
-def _rate(count: int, n: int) -> dict[str, Any]:
-    low, high = wilson_interval(count, n)
-    return {"count": count, "n": n, "rate": count / n if n else None, "ci95": [low, high]}
-
-
-def _mean(values: Sequence[float]) -> dict[str, Any]:
-    mean, low, high = bootstrap_ci(values, seed=0)
-    return {"mean": mean, "ci95": [low, high]}
-
-
 def _behaviour_summary(games: Sequence[PlayedGame], critical: bool) -> dict[str, Any]:
     counts = [BehaviourCounts.from_dict(g.behaviour) for g in games]
     total = merge(counts)
@@ -427,12 +417,12 @@ def _behaviour_summary(games: Sequence[PlayedGame], critical: bool) -> dict[str,
     return {
         "movement_phases": total.movement_phases,
         "orders": total.orders,
-        "support_rate": _rate(total.supports, total.orders),
-        "void_support_rate": _rate(verdicts["void"], total.supports),
-        "critical_support_rate": _rate(verdicts["critical"], total.supports) if critical else None,
+        "support_rate": rate_summary(total.supports, total.orders),
+        "void_support_rate": rate_summary(verdicts["void"], total.supports),
+        "critical_support_rate": rate_summary(verdicts["critical"], total.supports) if critical else None,
         "support_verdicts": dict(verdicts),
-        "centres_gained_per_year": _mean([c.centres_gained_per_year for c in counts]),
-        "attacks_on_recent_supporter": _rate(total.supporter_attacks, total.supporter_opportunities)
+        "centres_gained_per_year": mean_summary([c.centres_gained_per_year for c in counts]),
+        "attacks_on_recent_supporter": rate_summary(total.supporter_attacks, total.supporter_opportunities)
         | {"attack_orders": total.supporter_attack_orders},
         "definitions": "see diprl/eval/behaviour.py; rates pooled over orders/phases with Wilson intervals",
     }
@@ -462,18 +452,18 @@ def summarize_suite(config: SuiteConfig, games: Sequence[PlayedGame], wall_secon
     if not games:
         raise ValueError("no games to summarize")
     n = len(games)
-    categories = {c.value: _rate(sum(g.category == c.value for g in games), n) for c in CATEGORIES}
+    categories = {c.value: rate_summary(sum(g.category == c.value for g in games), n) for c in CATEGORIES}
     per_power: dict[str, Any] = {}
     for power in standard_powers():
         mine = [g for g in games if g.hero_power == power]
         per_power[power] = {
             "games": len(mine),
-            "solo": _rate(sum(g.category == Category.SOLO.value for g in mine), len(mine)),
+            "solo": rate_summary(sum(g.category == Category.SOLO.value for g in mine), len(mine)),
             "mean_centres": sum(g.hero_centres for g in mine) / len(mine) if mine else None,
             "mean_sum_of_squares": sum(g.hero_sum_of_squares for g in mine) / len(mine) if mine else None,
             "categories": {c.value: sum(g.category == c.value for g in mine) for c in CATEGORIES},
         }
-    centres = _mean([float(g.hero_centres) for g in games])
+    centres = mean_summary([float(g.hero_centres) for g in games])
     llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
     return {
         "config": asdict(config),
@@ -483,7 +473,7 @@ def summarize_suite(config: SuiteConfig, games: Sequence[PlayedGame], wall_secon
         "games": n,
         "categories": categories,
         "hero_centres": centres,
-        "hero_sum_of_squares": _mean([g.hero_sum_of_squares for g in games]),
+        "hero_sum_of_squares": mean_summary([g.hero_sum_of_squares for g in games]),
         "hero_centres_per_game": [g.hero_centres for g in games],
         "per_power": per_power,
         "behaviour": _behaviour_summary(games, config.critical_supports),
