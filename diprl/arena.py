@@ -1,277 +1,34 @@
-"""Bot arena: one hero agent against six copies of an opponent, the hero's power rotated.
+"""Bot arena command: one hero bot against six copies of an opponent bot, the hero's power rotated.
 
-    python -m diprl.arena --hero dumbbot --opponents random --games 70 --max-year 1935
+    python -m diprl.arena --hero dumbbot --opponents random --games 70 --max-year 1935 [--json report.json]
 
-Game `i` seats the hero on the `i % 7`-th power (sorted names), so every 7 games cover every
-power once and a power's own strength (Russia's four centres, England's island) does not bias the
-result. Games run in parallel worker processes; each game's seed, and each seat's seed derived
-from it, depend only on `--seed` and the game index, so results are identical for any `--workers`.
-
-The report uses DipNet's categories (solo, top without a solo, survived, eliminated), mean centres
-and mean sum-of-squares, each with a 95% interval (Wilson for rates, seeded bootstrap for means),
-a per-power breakdown and the number of orders the game layer had to replace. The last line,
-`hero_solo_rate=<x> hero_mean_sc=<y>`, is meant for scripts and CI.
+A thin command over `diprl.eval.arena` (where the games, seeding and report live). Bad arguments
+(an unknown bot, a year before the game starts, a report path that cannot be written) are usage
+errors before any game is played. The last line, `hero_solo_rate=<x> hero_mean_sc=<y>`, is meant
+for scripts and CI. For LLM policies and the full benchmark report use `python -m diprl.evaluate`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from functools import lru_cache
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from diprl.bots.base import Agent
-from diprl.eval.arena_games import CATEGORIES, Category, categorize, play_game, seat_seed
-from diprl.eval.stats import bootstrap_ci, wilson_interval
-from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
-
-AgentFactory = Callable[[str, int], Agent]
-"""`(name, seed) -> Agent`, the signature of `diprl.bots.make_agent`."""
-
-SEED_STRIDE = 100003
-"""Game `i` of a run seeded `s` has seed `s * SEED_STRIDE + i`: runs with nearby seeds do not share games."""
-
-_CATEGORY_LABELS = {
-    Category.SOLO: "solo",
-    Category.TOP: "top (no solo)",
-    Category.SURVIVED: "survived",
-    Category.ELIMINATED: "eliminated",
-}
-
-
-@lru_cache(maxsize=1)
-def standard_powers() -> tuple[str, ...]:
-    """The seven powers, sorted, read from the engine's map rather than written out by hand."""
-    return DiplomacyGame().powers
-
-
-def game_seed(base_seed: int, index: int) -> int:
-    return base_seed * SEED_STRIDE + index
-
-
-@dataclass(frozen=True)
-class ArenaConfig:
-    hero: str
-    opponents: str
-    games: int = 70
-    max_year: int = DEFAULT_MAX_YEAR
-    seed: int = 0
-    workers: int = 1
-
-
-@dataclass(frozen=True)
-class ArenaGame:
-    """One arena game seen from the hero's seat; `centres` keeps every power's count for context."""
-
-    index: int
-    seed: int
-    hero_power: str
-    hero_centres: int
-    hero_units: int
-    hero_rank: int
-    hero_sum_of_squares: float
-    solo_winner: str | None
-    category: str
-    phases: int
-    last_phase: str
-    final_year: int
-    issues: int
-    hero_issues: int
-    centres: dict[str, int]
-    seconds: float
-
-
-@dataclass(frozen=True)
-class _Task:
-    """Everything a worker needs to play one game; picklable (the factory by reference)."""
-
-    index: int
-    seed: int
-    hero: str
-    opponents: str
-    max_year: int
-    factory: AgentFactory
-
-
-def _play_task(task: _Task) -> ArenaGame:
-    """Play one arena game; module-level so that worker processes can unpickle it."""
-    powers = standard_powers()
-    hero_power = powers[task.index % len(powers)]
-    agents = {
-        power: task.factory(task.hero if power == hero_power else task.opponents, seat_seed(task.seed, seat))
-        for seat, power in enumerate(powers)
-    }
-    try:
-        record = play_game(agents, max_year=task.max_year)
-    except Exception as exc:
-        # The worker's traceback does not survive pickling; name the game so it can be replayed.
-        raise RuntimeError(f"arena game {task.index} (seed {task.seed}, hero {hero_power}) failed: {exc!r}") from exc
-    return ArenaGame(
-        index=task.index,
-        seed=task.seed,
-        hero_power=hero_power,
-        hero_centres=record.centres[hero_power],
-        hero_units=record.units[hero_power],
-        hero_rank=record.ranks[hero_power],
-        hero_sum_of_squares=record.sum_of_squares[hero_power],
-        solo_winner=record.solo,
-        category=categorize(record, hero_power).value,
-        phases=record.phases,
-        last_phase=record.last_phase,
-        final_year=record.final_year,
-        issues=record.total_issues,
-        hero_issues=record.issues[hero_power],
-        centres=record.centres,
-        seconds=record.seconds,
-    )
-
-
-def run_arena(
-    config: ArenaConfig, factory: AgentFactory, progress: Callable[[int, int], None] | None = None
-) -> list[ArenaGame]:
-    """Play all games of `config`, in worker processes when `workers > 1`, sorted by game index.
-
-    Games differ a lot in length (an early solo against a run to 1935), so tasks go out in small
-    chunks and come back unordered; sorting afterwards keeps the output independent of scheduling.
-    'fork' is preferred where available: workers inherit the loaded engine and any agent factory.
-    """
-    tasks = [
-        _Task(i, game_seed(config.seed, i), config.hero, config.opponents, config.max_year, factory)
-        for i in range(config.games)
-    ]
-    workers = max(1, min(config.workers, len(tasks)))
-    results: list[ArenaGame] = []
-    if workers == 1:
-        for task in tasks:
-            results.append(_play_task(task))
-            if progress is not None:
-                progress(len(results), len(tasks))
-    else:
-        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        chunksize = max(1, len(tasks) // (workers * 8))
-        with mp.get_context(method).Pool(workers) as pool:
-            for game in pool.imap_unordered(_play_task, tasks, chunksize=chunksize):
-                results.append(game)
-                if progress is not None:
-                    progress(len(results), len(tasks))
-    return sorted(results, key=lambda g: g.index)
-
-
-def _rate(count: int, n: int) -> dict[str, Any]:
-    low, high = wilson_interval(count, n)
-    return {"count": count, "rate": count / n if n else 0.0, "ci95": [low, high]}
-
-
-def _mean(values: Sequence[float]) -> dict[str, Any]:
-    mean, low, high = bootstrap_ci(values, seed=0)
-    return {"mean": mean, "ci95": [low, high]}
-
-
-def summarize(config: ArenaConfig, games: Sequence[ArenaGame], wall_seconds: float) -> dict[str, Any]:
-    """Aggregate the games into the report: everything but `timing` is deterministic."""
-    if not games:
-        raise ValueError("no games to summarize")
-    n = len(games)
-    categories = {c.value: _rate(sum(g.category == c.value for g in games), n) for c in CATEGORIES}
-    per_power: dict[str, Any] = {}
-    for power in standard_powers():
-        mine = [g for g in games if g.hero_power == power]
-        solos = sum(g.category == Category.SOLO.value for g in mine)
-        per_power[power] = {
-            "games": len(mine),
-            "solo": _rate(solos, len(mine)),
-            "mean_centres": sum(g.hero_centres for g in mine) / len(mine) if mine else None,
-            "mean_sum_of_squares": sum(g.hero_sum_of_squares for g in mine) / len(mine) if mine else None,
-            "categories": {c.value: sum(g.category == c.value for g in mine) for c in CATEGORIES},
-        }
-    centres = _mean([float(g.hero_centres) for g in games])
-    return {
-        "config": asdict(config),
-        "games": n,
-        "categories": categories,
-        "hero_centres": centres,
-        "hero_sum_of_squares": _mean([g.hero_sum_of_squares for g in games]),
-        "interval_methods": {"rates": "wilson", "means": "percentile bootstrap, 2000 resamples, seed 0"},
-        "per_power": per_power,
-        "mean_phases": sum(g.phases for g in games) / n,
-        "mean_final_year": sum(g.final_year for g in games) / n,
-        "order_issues": {"total": sum(g.issues for g in games), "hero": sum(g.hero_issues for g in games)},
-        "hero_solo_rate": categories[Category.SOLO.value]["rate"],
-        "hero_mean_sc": centres["mean"],
-        "timing": {
-            "wall_seconds": wall_seconds,
-            "games_per_second": n / wall_seconds if wall_seconds > 0 else None,
-            "game_seconds_total": sum(g.seconds for g in games),
-        },
-    }
-
-
-def summary_line(summary: dict[str, Any]) -> str:
-    return f"hero_solo_rate={summary['hero_solo_rate']:.3f} hero_mean_sc={summary['hero_mean_sc']:.2f}"
-
-
-def format_report(summary: dict[str, Any]) -> list[str]:
-    """The human-readable table; the machine-readable summary line is printed separately, last."""
-    cfg = summary["config"]
-    n = summary["games"]
-    lines = [
-        f"arena: {cfg['hero']} vs 6 x {cfg['opponents']}, {n} games, max year {cfg['max_year']}, "
-        f"seed {cfg['seed']}, {cfg['workers']} worker(s)",
-        "",
-        f"{'hero outcome':<22}{'games':>6}{'rate':>8}   95% CI (Wilson)",
-    ]
-    for c in CATEGORIES:
-        r = summary["categories"][c.value]
-        lines.append(
-            f"{_CATEGORY_LABELS[c]:<22}{r['count']:>6}{r['rate']:>8.3f}   [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
-        )
-    lines += ["", f"{'hero mean':<22}{'':>6}{'mean':>8}   95% CI (bootstrap)"]
-    for key, label in (("hero_centres", "supply centres"), ("hero_sum_of_squares", "sum-of-squares")):
-        m = summary[key]
-        lines.append(f"{label:<22}{'':>6}{m['mean']:>8.2f}   [{m['ci95'][0]:.2f}, {m['ci95'][1]:.2f}]")
-    lines += ["", f"{'hero power':<22}{'games':>6}{'solo':>8}{'mean SC':>9}{'mean SoS':>10}"]
-    for power, p in summary["per_power"].items():
-        if p["games"]:
-            lines.append(
-                f"{power:<22}{p['games']:>6}{p['solo']['rate']:>8.3f}{p['mean_centres']:>9.2f}{p['mean_sum_of_squares']:>10.2f}"
-            )
-        else:
-            lines.append(f"{power:<22}{0:>6}{'-':>8}{'-':>9}{'-':>10}")
-    issues = summary["order_issues"]
-    timing = summary["timing"]
-    gps = timing["games_per_second"]
-    lines += [
-        "",
-        f"phases per game: {summary['mean_phases']:.1f}, last year played: {summary['mean_final_year']:.1f} on average",
-        f"order issues: {issues['total']} (hero {issues['hero']}); rule bots must have 0",
-        f"time: {timing['wall_seconds']:.1f} s wall, {gps:.2f} games/s"
-        if gps
-        else f"time: {timing['wall_seconds']:.1f} s",
-    ]
-    return lines
-
-
-def write_json(path: Path, summary: dict[str, Any], games: Sequence[ArenaGame]) -> None:
-    """Write atomically (temp file, then rename): a crashed run never leaves a half report behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"summary": summary, "games": [asdict(g) for g in games]}, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _registry() -> AgentFactory:
-    try:
-        from diprl.bots import make_agent
-    except ImportError as exc:
-        raise SystemExit(f"diprl.arena: the bot registry diprl.bots.make_agent is not available ({exc})") from exc
-    return make_agent
+from diprl.eval.arena import (
+    AgentFactory,
+    ArenaConfig,
+    check_max_year,
+    check_writable,
+    format_report,
+    run_arena,
+    summarize,
+    summary_line,
+    write_json,
+)
+from diprl.game import DEFAULT_MAX_YEAR
 
 
 def _positive(text: str) -> int:
@@ -281,6 +38,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _year(text: str) -> int:
+    try:
+        return check_max_year(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m diprl.arena", description="One hero agent vs 6 opponents, the hero's power rotated."
@@ -288,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hero", required=True, help="agent name for the hero seat (see diprl.bots.BOT_NAMES)")
     parser.add_argument("--opponents", required=True, help="agent name for the six other seats")
     parser.add_argument("--games", type=_positive, default=70, help="number of games (default 70: 10 per power)")
-    parser.add_argument("--max-year", type=int, default=DEFAULT_MAX_YEAR, help="stop after this year's winter")
+    parser.add_argument("--max-year", type=_year, default=DEFAULT_MAX_YEAR, help="stop after this year's winter")
     parser.add_argument("--seed", type=int, default=0, help="base seed; game i uses seed*100003+i")
     parser.add_argument("--workers", type=_positive, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the report as JSON")
@@ -300,12 +64,21 @@ def main(argv: Sequence[str] | None = None, *, agent_factory: AgentFactory | Non
     """CLI entry point. `agent_factory` replaces the bot registry (tests, policies not in it)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    factory = agent_factory if agent_factory is not None else _registry()
+    if agent_factory is None:
+        from diprl.bots import make_agent
+
+        agent_factory = make_agent
+    factory = agent_factory
     for name in (args.hero, args.opponents):
         try:
             factory(name, 0)
         except (KeyError, ValueError) as exc:
             parser.error(f"unknown agent {name!r}: {exc}")
+    if args.json is not None:
+        try:
+            check_writable(args.json)
+        except OSError as exc:
+            parser.error(f"--json: {exc}")
     config = ArenaConfig(args.hero, args.opponents, args.games, args.max_year, args.seed, args.workers)
 
     step = max(1, config.games // 10)
@@ -318,7 +91,12 @@ def main(argv: Sequence[str] | None = None, *, agent_factory: AgentFactory | Non
     games = run_arena(config, factory, progress=None if args.quiet else progress)
     summary = summarize(config, games, time.perf_counter() - start)
     if args.json is not None:
-        write_json(args.json, summary, games)
+        try:
+            write_json(args.json, summary, games)
+        except OSError as exc:
+            print(f"python -m diprl.arena: error: could not write {args.json}: {exc}", file=sys.stderr)
+            print(summary_line(summary))
+            return 1
     if not args.quiet:
         print("\n".join(format_report(summary)))
         if args.json is not None:

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from diprl.arena import AgentFactory, main, standard_powers
+from diprl.arena import main
 from diprl.bots.base import Agent
+from diprl.eval.arena import AgentFactory, standard_powers
 from diprl.eval.arena_games import Category, GameRecord, categorize, play_game, seat_seed
 from diprl.game import DiplomacyGame, PhaseKind
 
@@ -223,3 +224,24 @@ def test_record_is_a_pure_function_of_the_seeds(tmp_path: Path) -> None:
         rec = play_game(agents, max_year=1901)
         results.append((rec.centres, rec.units, rec.phases, rec.last_phase))
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("year", ["1800", "1900", "x"])
+def test_a_year_before_the_game_starts_is_a_usage_error(year: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--hero", "random", "--opponents", "random", "--max-year", year], agent_factory=AGENT_FACTORY)
+    assert exc.value.code == 2
+    assert "--max-year" in capsys.readouterr().err
+
+
+def test_an_unwritable_json_path_is_a_usage_error_before_any_game(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for path in (blocker / "report.json", tmp_path):  # a parent that is a file; a directory as the path
+        with pytest.raises(SystemExit) as exc:
+            main(["--hero", "random", "--opponents", "random", "--json", str(path)], agent_factory=AGENT_FACTORY)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "--json" in err and "Traceback" not in err

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diprl.arena import ArenaConfig, run_arena, summarize
 from diprl.bots import BOT_NAMES, make_agent
+from diprl.eval.arena import ArenaConfig, run_arena, summarize
 from diprl.eval.stats import wilson_interval
 from diprl.game import DEFAULT_MAX_YEAR
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -85,3 +86,15 @@ def bootstrap_ci(
     alpha = (1.0 - confidence) / 2.0
     low, high = np.quantile(boot, [alpha, 1.0 - alpha])
     return float(stat(data)), float(low), float(high)
+
+
+def rate_summary(count: int, n: int) -> dict[str, Any]:
+    """A rate as reports carry it: `{count, n, rate, ci95}` (Wilson); `rate` is None with no trials."""
+    low, high = wilson_interval(count, n)
+    return {"count": count, "n": n, "rate": count / n if n else None, "ci95": [low, high]}
+
+
+def mean_summary(values: Sequence[float]) -> dict[str, Any]:
+    """A mean as reports carry it: `{mean, ci95}` (seeded percentile bootstrap)."""
+    mean, low, high = bootstrap_ci(values, seed=0)
+    return {"mean": mean, "ci95": [low, high]}

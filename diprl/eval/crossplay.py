@@ -1,0 +1,101 @@
+"""Crossplay: a matrix of suites between chosen policies, with its payoff, Nash weights and ratings.
+
+Every ordered pair (A, B), A != B, plays A as hero against six seats of B, the powers rotated as
+in any suite; all pairs share one lockstep run. From the games:
+
+- payoff[A][B]: the mean share of the six B seats that hero A outranks by final centres, a tie
+  counting half (the league's hero-vs-member outcome). 0.5 is parity. The diagonal is not played.
+- Nash: the maximum-entropy Nash equilibrium of the antisymmetrised payoff (Nash averaging,
+  Balduzzi et al. 2018; `diprl.league.nash`): the mix of policies no other policy beats, and each
+  policy's expected payoff against it. Unlike a mean win rate, it cannot be inflated by adding
+  copies of a weak policy to the matrix.
+- ratings: openskill Plackett-Luce over the 7 ranks of every game (`diprl.league.ratings`; a
+  policy in six seats moves once), reported as mu - 3 sigma.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from diprl.eval.suite import SuiteConfig
+
+
+def crossplay_configs(refs: Sequence[str], template: SuiteConfig) -> list[SuiteConfig]:
+    """One suite per ordered pair of distinct `refs`, each like `template` (no replays)."""
+    refs = list(refs)
+    if len(refs) < 2:
+        raise ValueError(f"crossplay needs at least two policies, got {refs}")
+    if len(set(refs)) != len(refs):
+        raise ValueError(f"crossplay policies must be distinct, got {refs}")
+    return [
+        replace(template, policy=a, opponents=[b], replays=0, replay_dir=None, label=f"{a} vs {b}")
+        for a in refs
+        for b in refs
+        if a != b
+    ]
+
+
+def outrank_share(centres: Mapping[str, int], hero: str, opponents: Sequence[str]) -> float:
+    """Share of `opponents` seats that `hero` has more centres than; equal counts score half."""
+    mine = centres[hero]
+    score = sum(1.0 if mine > centres[p] else 0.5 if mine == centres[p] else 0.0 for p in opponents)
+    return score / len(opponents)
+
+
+def summarize_crossplay(refs: Sequence[str], reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Payoff matrix, Nash weights and ratings from the pair reports of `crossplay_configs(refs)`."""
+    import numpy as np
+
+    from diprl.league.nash import max_entropy_nash, nash_ratings
+    from diprl.league.ratings import Ratings
+
+    refs = list(refs)
+    index = {r: i for i, r in enumerate(refs)}
+    payoff: list[list[float | None]] = [[None] * len(refs) for _ in refs]
+    games: list[list[int]] = [[0] * len(refs) for _ in refs]
+    ratings = Ratings()
+    for report in reports:
+        a, (b,) = report["policy"], report["opponents"]
+        shares = []
+        for game in report["per_game"]:
+            others = [p for p in game["seats"] if p != game["hero_power"]]
+            shares.append(outrank_share(game["centres"], game["hero_power"], others))
+            ratings.rate([(game["seats"], game["ranks"])])
+        payoff[index[a]][index[b]] = sum(shares) / len(shares)
+        games[index[a]][index[b]] = len(shares)
+    filled = np.array([[0.5 if v is None else v for v in row] for row in payoff], dtype=float)
+    weights = max_entropy_nash(filled)
+    values = nash_ratings(filled, weights)
+    table = {r: ratings.get(r) for r in refs}
+    return {
+        "policies": refs,
+        "payoff": payoff,
+        "games": games,
+        "payoff_definition": "mean share of the 6 opponent seats the hero outranks by centres (ties half)",
+        "nash": {r: float(w) for r, w in zip(refs, weights, strict=True)},
+        "nash_payoff": {r: float(v) for r, v in zip(refs, values, strict=True)},
+        "ratings": {r: {"mu": t.mu, "sigma": t.sigma, "ordinal": t.ordinal} for r, t in table.items()},
+        "pairs": {
+            rep["label"]: {"hero_solo_rate": rep["hero_solo_rate"], "hero_mean_sc": rep["hero_mean_sc"]}
+            for rep in reports
+        },
+    }
+
+
+def format_crossplay(summary: dict[str, Any]) -> list[str]:
+    refs = summary["policies"]
+    width = max(12, *(len(r) + 2 for r in refs))
+    lines = ["crossplay payoff (row hero vs 6 x column; share of opponent seats outranked, ties half)"]
+    lines.append(" " * width + "".join(f"{r:>{width}}" for r in refs))
+    for r, row in zip(refs, summary["payoff"], strict=True):
+        lines.append(f"{r:<{width}}" + "".join(f"{'-' if v is None else f'{v:.3f}':>{width}}" for v in row))
+    lines.append("")
+    lines.append(f"{'policy':<{width}}{'nash weight':>14}{'nash payoff':>14}{'rating mu-3s':>14}")
+    for r in refs:
+        lines.append(
+            f"{r:<{width}}{summary['nash'][r]:>14.3f}{summary['nash_payoff'][r]:>14.3f}"
+            f"{summary['ratings'][r]['ordinal']:>14.2f}"
+        )
+    return lines

@@ -1,0 +1,197 @@
+"""The evaluator of a training run: the fixed suite against a frozen pool, on demand, off the hot path.
+
+In-league ratings can stay flat while a policy improves (everyone improves together) or rise while
+it forgets how to beat weak play; a fixed yardstick tells the two apart. The training driver calls
+`evaluate.remote(policy_ref, tag)` on the named actor "evaluator" now and then and does not wait:
+the actor plays the suite against every member of its frozen pool (Random, DumbBot, `base`, and
+any pinned snapshots) in one lockstep run, as just another client of the PolicyServer, so
+rollouts and the learner carry on. Each evaluation writes
+
+    <run_dir>/eval/<tag>/report.json      # one suite report per pool member + a flat summary
+    <run_dir>/eval/<tag>/*.png            # the suites side by side
+    <run_dir>/eval/metrics.jsonl          # one line per evaluation: flat `eval/<opponent>/<metric>` values
+
+and pins survive a restart (kept in `<run_dir>/eval/pool.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diprl.eval.refs import check_policy_ref, is_llm
+from diprl.eval.report import write_json_atomic
+from diprl.eval.suite import SuiteConfig, run_suites
+from diprl.game import DEFAULT_MAX_YEAR
+from diprl.rollout.clients import PolicyClient
+
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
+
+
+@dataclass
+class EvaluatorConfig:
+    """The frozen pool and the suite settings of every evaluation.
+
+    `client`: "serve" (the PolicyServer app `serve_app`) or "uniform" (a uniformly random legal
+    policy for every LLM seat, with no model: tests and dry runs).
+    """
+
+    pool: list[str] = field(default_factory=lambda: ["bot:random", "bot:dumbbot", "base"])
+    pinned: list[str] = field(default_factory=list)  # snapshots to compare against, e.g. ["main@v1"]
+    games: int = 28
+    max_year: int = DEFAULT_MAX_YEAR
+    seed: int = 0
+    temperature: float = 1.0
+    max_tokens: int = 384
+    critical_supports: bool = True
+    replays: int = 0
+    plots: bool = True
+    client: str = "serve"
+    serve_app: str = "policy"
+
+    def __post_init__(self) -> None:
+        if not self.pool and not self.pinned:
+            raise ValueError("the evaluator's pool is empty")
+        for ref in (*self.pool, *self.pinned):
+            check_policy_ref(ref)
+        if self.client not in ("serve", "uniform"):
+            raise ValueError(f"client must be 'serve' or 'uniform', got {self.client!r}")
+
+
+def flat_metrics(policy: str, tag: str, reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One flat dict per evaluation (what a metrics logger plots): `eval/<opponent>/<metric>`."""
+    row: dict[str, Any] = {"policy": policy, "tag": tag, "time": time.time()}
+    for opponent, report in reports.items():
+        b = report["behaviour"]
+        prefix = f"eval/{opponent}"
+        row[f"{prefix}/solo_rate"] = report["hero_solo_rate"]
+        row[f"{prefix}/top_rate"] = report["categories"]["top"]["rate"]
+        row[f"{prefix}/eliminated_rate"] = report["categories"]["eliminated"]["rate"]
+        row[f"{prefix}/mean_sc"] = report["hero_mean_sc"]
+        row[f"{prefix}/mean_sos"] = report["hero_sum_of_squares"]["mean"]
+        row[f"{prefix}/support_rate"] = b["support_rate"]["rate"]
+        row[f"{prefix}/void_support_rate"] = b["void_support_rate"]["rate"]
+        if b["critical_support_rate"] is not None:
+            row[f"{prefix}/critical_support_rate"] = b["critical_support_rate"]["rate"]
+        row[f"{prefix}/centres_gained_per_year"] = b["centres_gained_per_year"]["mean"]
+        row[f"{prefix}/bad_completion_rate"] = (
+            (report["llm"]["hero_errors"] + report["llm"]["hero_incomplete"]) / report["llm"]["hero_requests"]
+            if report["llm"]["hero_requests"]
+            else None
+        )
+    return row
+
+
+class Evaluator:
+    """Runs the suite for a policy against the frozen pool; a plain class, and the "evaluator" actor."""
+
+    def __init__(self, config: EvaluatorConfig, run_dir: str | Path, client: PolicyClient | None = None) -> None:
+        self.config = config
+        self.root = Path(run_dir) / "eval"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._client = client
+        pool_file = self.root / "pool.json"
+        saved = json.loads(pool_file.read_text()).get("pinned", []) if pool_file.is_file() else []
+        self._pinned = list(dict.fromkeys(check_policy_ref(r) for r in [*config.pinned, *saved]))
+
+    def _get_client(self) -> PolicyClient:
+        if self._client is None:
+            if self.config.client == "uniform":
+                from diprl.policy.tokenizer import load_tokenizer
+                from diprl.policy.vocab import token_table
+                from diprl.rollout.clients import UniformConstrainedClient
+
+                tokenizer = load_tokenizer()
+                self._client = UniformConstrainedClient(token_table(tokenizer, 151936), self.config.seed, tokenizer)
+            else:
+                from diprl.rollout.clients import ServeClient
+
+                self._client = ServeClient(app_name=self.config.serve_app)
+        return self._client
+
+    def pool(self) -> list[str]:
+        """The opponents of every evaluation: the fixed pool, then the pinned snapshots."""
+        return list(dict.fromkeys([*self.config.pool, *self._pinned]))
+
+    def pin(self, ref: str) -> list[str]:
+        """Add a snapshot (e.g. the first version of a run) to the pool for later evaluations."""
+        check_policy_ref(ref)
+        if ref not in self._pinned:
+            self._pinned.append(ref)
+            write_json_atomic(self.root / "pool.json", {"pinned": self._pinned})
+        return self.pool()
+
+    def evaluate(self, policy_ref: str, tag: str) -> dict[str, Any]:
+        """Play `policy_ref` against every pool member (one lockstep run); write and return the report.
+
+        The report holds one suite report per opponent (`suites`, keyed by the opponent's ref) and
+        `summary`, the flat metrics also appended to `<run_dir>/eval/metrics.jsonl`.
+        """
+        check_policy_ref(policy_ref)
+        if not isinstance(tag, str) or not _TAG.fullmatch(tag) or ".." in tag:
+            raise ValueError(f"tag must be a short name of letters, digits and ._@- (no '..'), got {tag!r}")
+        cfg = self.config
+        out = self.root / tag
+        opponents = [ref for ref in self.pool() if ref != policy_ref]
+        if not opponents:
+            raise ValueError(f"nothing to evaluate {policy_ref} against: the pool is {self.pool()}")
+        suites = [
+            SuiteConfig(
+                policy=policy_ref,
+                opponents=[opponent],
+                games=cfg.games,
+                max_year=cfg.max_year,
+                seed=cfg.seed,
+                temperature=cfg.temperature,
+                max_tokens=cfg.max_tokens,
+                replays=cfg.replays,
+                replay_dir=str(out / "replays" / opponent.replace(":", "_")) if cfg.replays else None,
+                critical_supports=cfg.critical_supports,
+            )
+            for opponent in opponents
+        ]
+        needs_client = any(is_llm(r) for s in suites for r in s.refs)
+        reports = run_suites(suites, self._get_client() if needs_client else None)
+        by_opponent = dict(zip(opponents, reports, strict=True))
+        summary = flat_metrics(policy_ref, tag, by_opponent)
+        result = {"policy": policy_ref, "tag": tag, "pool": opponents, "summary": summary, "suites": by_opponent}
+        write_json_atomic(out / "report.json", result)
+        if cfg.plots:
+            from diprl.eval.plots import write_plots
+
+            result["plots"] = [str(p) for p in write_plots(reports, out)]
+        with (self.root / "metrics.jsonl").open("a") as sink:
+            sink.write(json.dumps(summary) + "\n")
+        return result
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every evaluation's flat summary so far, oldest first (survives restarts: read from disk)."""
+        path = self.root / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash mid-write
+        return rows
+
+
+def start_evaluator(
+    config: EvaluatorConfig, run_dir: str | Path, name: str = "evaluator", num_cpus: float = 1.0
+) -> Any:
+    """The named Ray actor (created, or the running one returned); restarted with its pins if it dies.
+
+    Its calls are independent, so a call cut by a crash is retried on the restarted actor.
+    """
+    import ray
+
+    actor = ray.remote(Evaluator).options(
+        name=name, get_if_exists=True, num_cpus=num_cpus, max_restarts=-1, max_task_retries=-1
+    )
+    return actor.remote(config, str(run_dir))

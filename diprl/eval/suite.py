@@ -1,0 +1,493 @@
+"""The fixed benchmark suite: one hero against six opponents, the seven powers rotated, seeded games.
+
+    report = run_suite(SuiteConfig(policy="main@v12", opponents=["bot:dumbbot"], games=140), client)
+
+Game `i` seats the hero on the `i % 7`-th power and fills the other six seats round-robin from
+`opponents`; its seed (and every rule bot's seed, derived from it) depends only on `seed` and `i`,
+so two policies evaluated with the same config face the same games, and the learning benchmark can
+bootstrap paired differences of the per-game hero centres in the report.
+
+All games are played in lockstep: each step asks every rule bot locally and sends the LLM seats of
+ALL unfinished games to the policy in ONE batched `client.generate` call, then steps every game.
+That keeps the PolicyServer's batches full (an LLM seat waits for one batch per phase, not one per
+game) and makes a suite with LLM seats cost about as many calls as its longest game has phases.
+Several suites (crossplay, the evaluator's opponent pool) share one lockstep run through
+`run_suites`. A suite with rule bots only needs no client and may use worker processes.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diprl.bots import make_agent
+from diprl.bots.base import Agent
+from diprl.eval.arena import SEED_STRIDE, check_max_year, game_seed, standard_powers
+from diprl.eval.arena_games import CATEGORIES, Category, GameRecord, categorize, seat_seed
+from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
+from diprl.eval.refs import check_policy_ref, is_llm
+from diprl.eval.stats import mean_summary, rate_summary
+from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame, PhaseRecord
+from diprl.game.scoring import score_game
+from diprl.rollout.clients import PolicyClient
+from diprl.rollout.types import bot_name
+
+__all__ = [
+    "SEED_STRIDE",
+    "GameSpec",
+    "PlayedGame",
+    "SuiteConfig",
+    "game_specs",
+    "play_lockstep",
+    "run_suite",
+    "run_suites",
+    "summarize_suite",
+]
+
+
+@dataclass
+class SuiteConfig:
+    """One benchmark: `policy` (the hero) against `opponents` in the other six seats.
+
+    `opponents` is one PolicyRef or several (seats filled round-robin, shifted each game).
+    `temperature` and `max_tokens` apply to LLM seats only. `replays` games (the first ones) are
+    written as replay JSON, SVG frames and an HTML viewer under `replay_dir`. `critical_supports`
+    re-adjudicates each successful hero support (a few ms each) to tell critical from redundant.
+    `workers` > 1 plays a bots-only suite in that many processes (LLM suites run in one, lockstep).
+    """
+
+    policy: str = "bot:dumbbot"
+    opponents: list[str] = field(default_factory=lambda: ["bot:dumbbot"])
+    games: int = 140
+    max_year: int = DEFAULT_MAX_YEAR
+    seed: int = 0
+    temperature: float = 1.0
+    max_tokens: int = 384
+    replays: int = 0
+    replay_dir: str | None = None
+    critical_supports: bool = True
+    workers: int = 1
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.opponents, str):
+            self.opponents = [self.opponents]
+        self.opponents = list(self.opponents)
+        if not self.opponents:
+            raise ValueError("opponents must name at least one PolicyRef")
+        for ref in (self.policy, *self.opponents):
+            check_policy_ref(ref)
+        check_max_year(self.max_year)
+        for name in ("games", "max_tokens", "workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.replays, bool) or not isinstance(self.replays, int) or not 0 <= self.replays <= self.games:
+            raise ValueError(f"replays must be between 0 and games ({self.games}), got {self.replays!r}")
+        if self.replays and not self.replay_dir:
+            raise ValueError("replays > 0 needs replay_dir (where to write them)")
+        if not isinstance(self.temperature, int | float) or not (0 < self.temperature < math.inf):
+            raise ValueError(f"temperature must be a positive finite number, got {self.temperature!r}")
+        if not self.label:
+            self.label = f"{self.policy} vs {'+'.join(self.opponents)}"
+
+    @property
+    def refs(self) -> list[str]:
+        return [self.policy, *self.opponents]
+
+    @property
+    def needs_client(self) -> bool:
+        return any(is_llm(r) for r in self.refs)
+
+
+@dataclass(frozen=True)
+class GameSpec:
+    """One game to play: who sits where, the hero, its seed; picklable (crosses to worker processes)."""
+
+    suite: int
+    index: int
+    seed: int
+    seats: dict[str, str]
+    hero: str
+    max_year: int
+    temperature: float
+    max_tokens: int
+    critical_supports: bool
+    replay_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class PlayedGame:
+    """One finished game from the hero's seat, with every seat's final count for context."""
+
+    suite: int
+    index: int
+    seed: int
+    hero_power: str
+    seats: dict[str, str]
+    hero_centres: int
+    hero_units: int
+    hero_rank: int
+    hero_sum_of_squares: float
+    solo_winner: str | None
+    category: str
+    phases: int
+    last_phase: str
+    final_year: int
+    centres: dict[str, int]
+    ranks: dict[str, int]
+    hero_centres_by_year: list[int]  # at the start of each year played, then the final count
+    issues: dict[str, int]
+    behaviour: dict[str, Any]
+    llm: dict[str, int]  # requests, errors, incomplete: over the hero's seat ("hero_*") and all seats
+
+
+def game_specs(config: SuiteConfig, suite: int = 0) -> list[GameSpec]:
+    """The suite's games: hero on power `i % 7`, opponents round-robin, seeds from `seed` and `i`."""
+    powers = standard_powers()
+    specs = []
+    for i in range(config.games):
+        hero = powers[i % len(powers)]
+        others = [p for p in powers if p != hero]
+        seats = {hero: config.policy} | {
+            p: config.opponents[(i + j) % len(config.opponents)] for j, p in enumerate(others)
+        }
+        specs.append(
+            GameSpec(
+                suite=suite,
+                index=i,
+                seed=game_seed(config.seed, i),
+                seats=dict(sorted(seats.items())),
+                hero=hero,
+                max_year=config.max_year,
+                temperature=float(config.temperature),
+                max_tokens=config.max_tokens,
+                critical_supports=config.critical_supports,
+                replay_dir=config.replay_dir if i < config.replays else None,
+            )
+        )
+    return specs
+
+
+class _Table:
+    """A game in progress: the engine, its rule bots, and what is measured along the way."""
+
+    def __init__(self, spec: GameSpec) -> None:
+        self.spec = spec
+        self.game = DiplomacyGame(max_year=spec.max_year)
+        self.bots: dict[str, Agent] = {
+            power: make_agent(bot_name(ref), seat_seed(spec.seed, seat))
+            for seat, (power, ref) in enumerate(sorted(spec.seats.items()))
+            if not is_llm(ref)
+        }
+        self.tracker = BehaviourTracker(
+            spec.hero, len(self.game.centres(spec.hero)), spec.critical_supports, spec.max_year
+        )
+        self.issues: Counter[str] = Counter()
+        self.llm: Counter[str] = Counter()
+        self.by_year: list[int] = []
+        self.phases = 0
+
+    def answer(self, power: str, answer: dict[str, Any]) -> list[str]:
+        keys = ("requests", "hero_requests") if power == self.spec.hero else ("requests",)
+        bad = bool(answer.get("error"))
+        incomplete = not bad and not answer.get("complete", False)
+        for key in keys:
+            prefix = key[: -len("requests")]
+            self.llm[key] += 1
+            self.llm[prefix + "errors"] += bad
+            self.llm[prefix + "incomplete"] += incomplete
+        return list(answer.get("orders") or [])  # the game layer fills defaults and reports issues
+
+    def step(self, orders: dict[str, list[str]]) -> PhaseRecord:
+        record = self.game.step(orders)
+        self.phases += 1
+        for issue in record.issues:
+            self.issues[issue.power] += 1
+        if record.name.startswith("S") and record.name.endswith("M"):
+            self.by_year.append(len(record.state.get("centers", {}).get(self.spec.hero, ())))
+        self.tracker.observe(record)
+        return record
+
+    def result(self) -> PlayedGame:
+        spec, game = self.spec, self.game
+        score = score_game(game)
+        last_phase = game.history[-1].name if game.history else game.phase
+        record = GameRecord(
+            centres=dict(score.centres),
+            units=dict(score.units),
+            ranks=dict(score.ranks),
+            sum_of_squares=dict(score.sum_of_squares),
+            solo=score.solo,
+            eliminated=score.eliminated,
+            phases=self.phases,
+            last_phase=last_phase,
+            final_year=int(last_phase[1:5]),
+            issues={p: self.issues[p] for p in game.powers},
+            issue_kinds={},
+            seconds=0.0,
+        )
+        behaviour: BehaviourCounts = self.tracker.finish(game)
+        llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
+        return PlayedGame(
+            suite=spec.suite,
+            index=spec.index,
+            seed=spec.seed,
+            hero_power=spec.hero,
+            seats=dict(spec.seats),
+            hero_centres=score.centres[spec.hero],
+            hero_units=score.units[spec.hero],
+            hero_rank=score.ranks[spec.hero],
+            hero_sum_of_squares=score.sum_of_squares[spec.hero],
+            solo_winner=score.solo,
+            category=categorize(record, spec.hero).value,
+            phases=self.phases,
+            last_phase=last_phase,
+            final_year=record.final_year,
+            centres=dict(score.centres),
+            ranks=dict(score.ranks),
+            hero_centres_by_year=[*self.by_year, score.centres[spec.hero]],
+            issues=dict(record.issues),
+            behaviour=behaviour.to_dict(),
+            llm={k: self.llm[k] for k in llm_keys},
+        )
+
+
+def _request(table: _Table, power: str) -> dict[str, Any]:
+    from diprl.policy.prompt import build_prompt
+
+    game, spec = table.game, table.spec
+    return {
+        "policy": spec.seats[power],
+        "prompt": build_prompt(game, power).text,
+        "legal": game.legal_orders(power).to_dict(),
+        "temperature": spec.temperature,
+        "max_tokens": spec.max_tokens,
+    }
+
+
+def play_lockstep(
+    specs: Sequence[GameSpec],
+    client: PolicyClient | None,
+    on_done: Callable[[PlayedGame], None] | None = None,
+    stats: Counter[str] | None = None,
+) -> list[PlayedGame]:
+    """Play every game of `specs` to its end, one phase of all unfinished games at a time.
+
+    Each step makes at most ONE `client.generate` call holding the LLM seats of all games, so a
+    client sees batches as large as the suite allows. A failed request (its `error` set) costs only
+    that seat's orders: the game layer replaces them with defaults and counts the issue. `stats`
+    (when given) receives `calls` and `requests` counts.
+    """
+    tables = [_Table(spec) for spec in specs]
+    active = [t for t in tables if not t.game.is_done]
+    played: dict[tuple[int, int], PlayedGame] = {}
+    while active:
+        orders: list[dict[str, list[str]]] = [{} for _ in active]
+        requests: list[dict[str, Any]] = []
+        where: list[tuple[int, str]] = []
+        for k, table in enumerate(active):
+            for power in table.game.orderable_powers():
+                if power in table.bots:
+                    orders[k][power] = table.bots[power].orders(table.game, power)
+                else:
+                    requests.append(_request(table, power))
+                    where.append((k, power))
+        if requests:
+            if client is None:
+                raise ValueError("these games have LLM seats: run_suite needs a PolicyClient")
+            answers = client.generate(requests)
+            if len(answers) != len(requests):
+                raise RuntimeError(f"the policy client answered {len(answers)} of {len(requests)} requests")
+            for (k, power), answer in zip(where, answers, strict=True):
+                orders[k][power] = active[k].answer(power, answer)
+            if stats is not None:
+                stats["calls"] += 1
+                stats["requests"] += len(requests)
+        for k, table in enumerate(active):
+            table.step(orders[k])
+        still = []
+        for table in active:
+            if not table.game.is_done:
+                still.append(table)
+                continue
+            result = table.result()
+            spec = table.spec
+            if spec.replay_dir is not None:
+                from diprl.eval.replays import write_replay
+
+                write_replay(table.game, Path(spec.replay_dir), f"game{spec.index:04d}", spec.seats, spec.hero)
+            played[(result.suite, result.index)] = result
+            if on_done is not None:
+                on_done(result)
+        active = still
+    return [played[(t.spec.suite, t.spec.index)] for t in tables]
+
+
+def _play_chunk(specs: Sequence[GameSpec]) -> list[PlayedGame]:
+    """A worker process's share of a bots-only run (module level, so it can be pickled)."""
+    return play_lockstep(specs, None)
+
+
+def _chunks(specs: Sequence[GameSpec], size: int) -> Iterator[list[GameSpec]]:
+    for start in range(0, len(specs), size):
+        yield list(specs[start : start + size])
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(total=total, unit="game", file=sys.stderr, disable=not enabled, dynamic_ncols=True, leave=False)
+
+
+def run_suites(
+    configs: Sequence[SuiteConfig], client: PolicyClient | None = None, progress: bool = False
+) -> list[dict[str, Any]]:
+    """Play several suites in ONE lockstep run (one batched call per phase across all of them).
+
+    Returns one report per config, in order (see `summarize_suite`). A bots-only run with
+    `workers` > 1 (the largest asked for) plays chunks of games in worker processes; results are
+    identical to one process because every game's seeds depend only on its config and index.
+    """
+    if not configs:
+        raise ValueError("no suites to run")
+    if client is None and any(c.needs_client for c in configs):
+        llm = sorted({r for c in configs for r in c.refs if is_llm(r)})
+        raise ValueError(
+            f"LLM seats ({', '.join(llm)}) need a PolicyClient: pass ServeClient() inside a Ray cluster, "
+            "or run `python -m diprl.evaluate`, which starts a local PolicyServer"
+        )
+    specs = [spec for k, config in enumerate(configs) for spec in game_specs(config, k)]
+    for config in configs:
+        if config.replays and config.replay_dir:
+            Path(config.replay_dir).mkdir(parents=True, exist_ok=True)
+    workers = max(c.workers for c in configs)
+    stats: Counter[str] = Counter()
+    start = time.perf_counter()
+    bar = _progress_bar(len(specs), progress)
+    try:
+        if client is None and workers > 1 and len(specs) > 1:
+            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            size = max(1, min(7, math.ceil(len(specs) / workers)))
+            results: list[PlayedGame] = []
+            with mp.get_context(method).Pool(workers) as pool:
+                for chunk in pool.imap_unordered(_play_chunk, _chunks(specs, size)):
+                    results.extend(chunk)
+                    bar.update(len(chunk))
+        else:
+
+            def done(_: PlayedGame) -> None:
+                bar.update(1)
+                bar.set_postfix(llm_calls=stats["calls"], refresh=False)
+
+            results = play_lockstep(specs, client, on_done=done, stats=stats)
+    finally:
+        bar.close()
+    wall = time.perf_counter() - start
+    reports = []
+    for k, config in enumerate(configs):
+        mine = sorted((g for g in results if g.suite == k), key=lambda g: g.index)
+        report = summarize_suite(config, mine, wall)
+        report["timing"]["llm_calls"] = stats["calls"]
+        report["timing"]["llm_requests_all_suites"] = stats["requests"]
+        report["timing"]["suites_in_lockstep"] = len(configs)
+        reports.append(report)
+    return reports
+
+
+def run_suite(config: SuiteConfig, client: PolicyClient | None = None, progress: bool = False) -> dict[str, Any]:
+    """Play the suite `config` and return its report (see `summarize_suite` for the keys)."""
+    return run_suites([config], client, progress)[0]
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def _behaviour_summary(games: Sequence[PlayedGame], critical: bool) -> dict[str, Any]:
+    counts = [BehaviourCounts.from_dict(g.behaviour) for g in games]
+    total = merge(counts)
+    verdicts = total.verdicts
+    return {
+        "movement_phases": total.movement_phases,
+        "orders": total.orders,
+        "support_rate": rate_summary(total.supports, total.orders),
+        "void_support_rate": rate_summary(verdicts["void"], total.supports),
+        "critical_support_rate": rate_summary(verdicts["critical"], total.supports) if critical else None,
+        "support_verdicts": dict(verdicts),
+        "centres_gained_per_year": mean_summary([c.centres_gained_per_year for c in counts]),
+        "attacks_on_recent_supporter": rate_summary(total.supporter_attacks, total.supporter_opportunities)
+        | {"attack_orders": total.supporter_attack_orders},
+        "definitions": "see diprl/eval/behaviour.py; rates pooled over orders/phases with Wilson intervals",
+    }
+
+
+def _centres_by_year(games: Sequence[PlayedGame]) -> dict[str, Any]:
+    """Mean hero centres at the start of each year; a finished game carries its final count forward."""
+    first = 1901
+    last = max(g.final_year for g in games) + 1
+    years = list(range(first, last + 1))
+    rows = []
+    for g in games:
+        counts = g.hero_centres_by_year
+        rows.append([counts[min(i, len(counts) - 1)] for i in range(len(years))])
+    return {"years": years, "mean": [sum(r[i] for r in rows) / len(rows) for i in range(len(years))]}
+
+
+def summarize_suite(config: SuiteConfig, games: Sequence[PlayedGame], wall_seconds: float) -> dict[str, Any]:
+    """The report of one suite; everything but `timing` is a pure function of the config and client.
+
+    Keys: config, label, policy, opponents, games, categories (solo/top/survived/eliminated with
+    Wilson intervals), hero_centres and hero_sum_of_squares (means with bootstrap intervals),
+    hero_centres_per_game (game index order: what paired comparisons bootstrap over), per_power,
+    behaviour, centres_by_year, order_issues, llm, mean_phases, mean_final_year, per_game,
+    hero_solo_rate, hero_mean_sc, interval_methods, timing.
+    """
+    if not games:
+        raise ValueError("no games to summarize")
+    n = len(games)
+    categories = {c.value: rate_summary(sum(g.category == c.value for g in games), n) for c in CATEGORIES}
+    per_power: dict[str, Any] = {}
+    for power in standard_powers():
+        mine = [g for g in games if g.hero_power == power]
+        per_power[power] = {
+            "games": len(mine),
+            "solo": rate_summary(sum(g.category == Category.SOLO.value for g in mine), len(mine)),
+            "mean_centres": sum(g.hero_centres for g in mine) / len(mine) if mine else None,
+            "mean_sum_of_squares": sum(g.hero_sum_of_squares for g in mine) / len(mine) if mine else None,
+            "categories": {c.value: sum(g.category == c.value for g in mine) for c in CATEGORIES},
+        }
+    centres = mean_summary([float(g.hero_centres) for g in games])
+    llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
+    return {
+        "config": asdict(config),
+        "label": config.label,
+        "policy": config.policy,
+        "opponents": list(config.opponents),
+        "games": n,
+        "categories": categories,
+        "hero_centres": centres,
+        "hero_sum_of_squares": mean_summary([g.hero_sum_of_squares for g in games]),
+        "hero_centres_per_game": [g.hero_centres for g in games],
+        "per_power": per_power,
+        "behaviour": _behaviour_summary(games, config.critical_supports),
+        "centres_by_year": _centres_by_year(games),
+        "order_issues": {
+            "total": sum(sum(g.issues.values()) for g in games),
+            "hero": sum(g.issues[g.hero_power] for g in games),
+        },
+        "llm": {k: sum(g.llm[k] for g in games) for k in llm_keys},
+        "mean_phases": sum(g.phases for g in games) / n,
+        "mean_final_year": sum(g.final_year for g in games) / n,
+        "per_game": [asdict(g) for g in games],
+        "hero_solo_rate": categories[Category.SOLO.value]["rate"],
+        "hero_mean_sc": centres["mean"],
+        "interval_methods": {"rates": "wilson", "means": "percentile bootstrap, 2000 resamples, seed 0"},
+        "timing": {"wall_seconds": wall_seconds, "games_per_second": n / wall_seconds if wall_seconds > 0 else None},
+    }

@@ -1,0 +1,193 @@
+"""Evaluate a policy on the fixed benchmark suite: `python -m diprl.evaluate policy=<ref> [key=value ...]`.
+
+    python -m diprl.evaluate policy=main@v12 opponents=bot:dumbbot games=140 max_year=1935 out=runs/eval/v12
+    python -m diprl.evaluate policy=bot:dumbbot opponents=bot:random games=70 replays=2 out=runs/eval/ladder
+    python -m diprl.evaluate policy=base opponents=[bot:dumbbot,bot:random] adapters=runs/adapters
+    python -m diprl.evaluate policy=main@v12 crossplay=[main@v12,main@v6,base,bot:dumbbot] games=70
+
+The hero (`policy`) plays against `opponents` in the other six seats, the seven powers rotated,
+in seeded games (see `diprl.eval.suite`). Any PolicyRef may sit anywhere: `bot:<name>`, `base`,
+`<policy>@v<N>` (published under `adapters=`). When a seat needs the LLM, a local Ray (loopback)
+and the PolicyServer (`server=local`, conf/inference/local.yaml) are started for the run; a
+bots-only run starts nothing. Options are checked before anything starts: an unknown key, a bad
+value or an unknown PolicyRef is an error (exit status 2).
+
+Writes `report.json` and PNG plots to `out` (replays under `out/replays/` with `replays=N`),
+prints the report, and ends with the line `hero_solo_rate=<x> hero_mean_sc=<y>`. A progress bar
+goes to stderr; library logs stay at WARNING unless `verbose=true`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from diprl.eval.arena import check_writable
+from diprl.eval.config import EvaluateConfig, load_evaluate_config, option_help
+from diprl.eval.refs import BASE, check_published, is_llm
+from diprl.eval.suite import SuiteConfig
+from diprl.rollout.clients import PolicyClient
+
+PROG = "python -m diprl.evaluate"
+NOISY_LOGGERS = ("ray", "ray.serve", "ray.data", "vllm", "transformers", "torch", "filelock", "urllib3", "httpx")
+
+
+@dataclass
+class Plan:
+    """What a run will do, fully checked: the main suite and the crossplay suites, if any."""
+
+    config: EvaluateConfig
+    suite: SuiteConfig
+    crossplay: list[SuiteConfig] = field(default_factory=list)
+
+    @property
+    def suites(self) -> list[SuiteConfig]:
+        return [self.suite, *self.crossplay]
+
+    @property
+    def llm_refs(self) -> list[str]:
+        return sorted({r for s in self.suites for r in s.refs if is_llm(r)})
+
+
+def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
+    """Check every option and build the suites; raises ValueError/OSError naming what is wrong."""
+    if not config.policy:
+        raise ValueError("policy=<ref> is required (bot:<name>, base, or <policy>@v<N>)")
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out={out} exists and is not a directory")
+    check_writable(out / "report.json")
+    if config.crossplay_games < 0:
+        raise ValueError(f"crossplay_games must be >= 0, got {config.crossplay_games}")
+    suite = SuiteConfig(
+        policy=config.policy,
+        opponents=config.opponents,
+        games=config.games,
+        max_year=config.max_year,
+        seed=config.seed,
+        temperature=config.temperature,
+        max_tokens=config.max_tokens,
+        replays=config.replays,
+        replay_dir=str(out / "replays") if config.replays else None,
+        critical_supports=config.critical_supports,
+        workers=config.workers,
+    )
+    plan = Plan(config, suite)
+    if config.crossplay:
+        from diprl.eval.crossplay import crossplay_configs
+
+        template = replace(suite, games=config.crossplay_games or config.games)
+        plan.crossplay = crossplay_configs(config.crossplay, template)
+    if plan.llm_refs and not have_client:
+        from diprl.inference.config import load_server_config
+
+        try:
+            load_server_config(config.server)
+        except KeyError as exc:
+            raise ValueError(str(exc).strip("'\"")) from None
+        check_published([r for r in plan.llm_refs if r != BASE], config.adapters)
+    return plan
+
+
+def quiet_logs(verbose: bool) -> None:
+    """Library loggers at WARNING (INFO with `verbose`): the report, not Ray's start-up chatter."""
+    level = logging.INFO if verbose else logging.WARNING
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+
+
+@contextlib.contextmanager
+def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
+    """A local Ray (loopback) with the PolicyServer serving `config.adapters`, torn down afterwards."""
+    import ray
+    from ray import serve
+
+    from diprl.inference.config import load_server_config
+    from diprl.inference.server import serve_policy
+    from diprl.rollout.clients import ServeClient
+
+    server = replace(load_server_config(config.server), adapter_root=str(Path(config.adapters).resolve()))
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(
+        num_cpus=config.ray_cpus or None,
+        include_dashboard=False,
+        logging_level=logging.INFO if config.verbose else logging.WARNING,
+        log_to_driver=config.verbose,
+    )
+    try:
+        print(f"starting the PolicyServer ({config.server}, adapters {server.adapter_root})", file=sys.stderr)
+        serve_policy(server)
+        yield ServeClient(app_name=server.name, deployment=server.name)
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
+def run(plan: Plan, client: PolicyClient | None = None) -> dict[str, Any]:
+    """Play the plan's suites in one lockstep run; write report.json and plots; return the report."""
+    from diprl.eval.plots import write_plots
+    from diprl.eval.report import write_json_atomic
+    from diprl.eval.suite import run_suites
+
+    config = plan.config
+    context: contextlib.AbstractContextManager[PolicyClient | None] = (
+        local_policy_client(config) if plan.llm_refs and client is None else contextlib.nullcontext(client)
+    )
+    with context as active:
+        reports = run_suites(plan.suites, active, progress=config.progress)
+    report = dict(reports[0])
+    crossplay = None
+    if plan.crossplay:
+        from diprl.eval.crossplay import summarize_crossplay
+
+        crossplay = summarize_crossplay(config.crossplay, reports[1:])
+        report["crossplay"] = crossplay
+    out = Path(config.out)
+    write_json_atomic(out / "report.json", report)
+    report["plots"] = [str(p) for p in write_plots([reports[0]], out, crossplay)]
+    if config.replays:
+        report["replays"] = sorted(str(p) for p in (out / "replays").glob("*/index.html"))
+    return report
+
+
+def main(argv: Sequence[str] | None = None, client: PolicyClient | None = None) -> int:
+    """Entry point; `client` replaces the local PolicyServer (tests, callers inside a Ray cluster)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help", "help") for a in args):
+        print(__doc__)
+        print("options (key=default):")
+        print("\n".join(option_help()))
+        return 0
+    try:
+        plan = make_plan(load_evaluate_config(args), have_client=client is not None)
+    except (ValueError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    quiet_logs(plan.config.verbose)
+    from diprl.eval.report import format_suite, summary_line
+
+    report = run(plan, client)
+    lines = format_suite(report)
+    if "crossplay" in report:
+        from diprl.eval.crossplay import format_crossplay
+
+        lines += ["", *format_crossplay(report["crossplay"])]
+    lines += ["", f"report: {Path(plan.config.out) / 'report.json'}; plots: {', '.join(report['plots'])}"]
+    if report.get("replays"):
+        lines.append(f"replays (open in a browser): {', '.join(report['replays'])}")
+    print("\n".join(lines))
+    print(summary_line(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,431 @@
+"""The LeagueManager: pool, payoff, ratings, roles and matchmaking, persisted after every change.
+
+The training driver talks to it in four calls: `register_version` when a learner publishes (it may
+answer "snapshot" and "reset"), `next_match` for a role's next game, `report` with the MatchResults
+of played matches, and `summary` for the progress line and the README. `league_actor` runs it as the
+named Ray actor "league" that Ray restarts after a crash; every state change is written to
+`run_dir/league/` before the call returns, so a restarted manager continues where it was and a call
+Ray retries after the crash is answered the same (registrations and reports are idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diprl.league.config import LeagueConfig
+from diprl.league.matchmaking import (
+    KINDS,
+    Pick,
+    league_exploiter_pick,
+    main_exploiter_pick,
+    main_pick,
+)
+from diprl.league.members import ANCHOR, LEARNER, POWERS, SNAPSHOT, Member, UnknownPolicyRef, version_number
+from diprl.league.nash import max_entropy_nash
+from diprl.league.payoff import Payoff, match_outcomes
+from diprl.league.persist import load_state, save_state
+from diprl.league.ratings import Ratings
+from diprl.league.snapshot import should_snapshot
+from diprl.rollout.types import Match
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+DONE_MEMORY = 20_000  # reported match ids remembered, so a retried report is not counted twice
+NASH_REFRESH = 20  # matches reported between recomputations of the Nash weights used for matchmaking
+_RESULT_KEYS = ("match_id", "fork", "seats", "hero", "centres", "ranks")
+
+
+class LeagueManager:
+    """See the module doc; `config.roles` says which trained policies (`main`, ...) the league runs."""
+
+    def __init__(self, config: LeagueConfig, run_dir: str | Path) -> None:
+        self.config = config
+        self.dir = Path(run_dir) / "league"
+        self.members: dict[str, Member] = {}
+        self.roles: dict[str, dict[str, Any]] = {}
+        self.payoff = Payoff(config.decay, config.min_games)
+        self.ratings = Ratings()
+        self.rng = np.random.default_rng(config.seed)
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.done: deque[str] = deque(maxlen=DONE_MEMORY)
+        self.counts: dict[str, dict[str, int]] = {}
+        self.reported = {"matches": 0, "results": 0, "ignored": 0}
+        self._nash_cache: tuple[int, dict[str, float]] | None = None
+        state = load_state(self.dir)
+        if state is not None:
+            self._restore(state)
+        self._configure()
+        self._save()
+
+    # ------------------------------------------------------------------------------------ public API
+    def register_version(self, policy: str, version: str, learner_step: int) -> dict[str, Any]:
+        """A learner published `version` at `learner_step`: maybe snapshot it, maybe ask for a reset.
+
+        Returns {"snapshot": bool, "reset": bool, "member": snapshot key or None, "steps_since_snapshot",
+        "win_rate"}. On "reset" the driver calls that policy's `Learner.reset()` and registers the
+        version it publishes. Registering the current version again returns the same answer.
+        """
+        role = self._role(policy)
+        owner, number = version_number(version)
+        if owner != policy:
+            raise UnknownPolicyRef(f"version {version!r} does not belong to policy {policy!r}")
+        if isinstance(learner_step, bool) or not isinstance(learner_step, int) or learner_step < 0:
+            raise ValueError(f"learner_step must be a non-negative int, got {learner_step!r}")
+        last = role["decision"]
+        if role["current"] == version and last is not None and last["step"] == learner_step:
+            return dict(last["answer"])
+        if role["current"] is not None and number <= version_number(role["current"])[1]:
+            raise ValueError(f"{policy}: version {version!r} is not newer than the current {role['current']!r}")
+        role["current"] = version
+        answer: dict[str, Any] = {"snapshot": False, "reset": False, "member": None}
+        if role["baseline_step"] is None or role["awaiting_reset"] or learner_step < role["baseline_step"]:
+            role["baseline_step"] = learner_step  # first version, a fresh adapter, or a restarted step counter
+            role["awaiting_reset"] = False
+        steps = learner_step - role["baseline_step"]
+        win_rate = self._role_win_rate(policy)
+        answer |= {"steps_since_snapshot": steps, "win_rate": win_rate}
+        if should_snapshot(steps, win_rate, self.config.snapshot_steps, self.config.snapshot_win_rate):
+            answer["snapshot"] = True
+            answer["member"] = self._snapshot(policy, version)
+            role["baseline_step"] = learner_step
+            if self.rng.random() < self._reset_probability(policy):
+                answer["reset"] = True
+                self._reset(policy)
+        role["decision"] = {"step": learner_step, "answer": answer}
+        self._save()
+        return dict(answer)
+
+    def next_match(self, policy: str) -> Match:
+        """The next game for `policy`'s current version: hero power stratified, six seats by its role."""
+        role = self._role(policy)
+        if role["current"] is None:
+            raise RuntimeError(f"{policy} has no version yet: register_version({policy!r}, ...) first")
+        pick = self._pick(policy)
+        hero_power = self._next_hero_power(policy)
+        others = [p for p in POWERS if p != hero_power]
+        members = {hero_power: policy} | dict(zip(others, pick.opponents, strict=True))
+        seats = {p: self._ref_of(m) for p, m in members.items()}
+        match_id = f"{policy}-{role['matches']}"
+        role["matches"] += 1
+        seed = int(self.rng.integers(0, 2**31 - 1))
+        self.pending[match_id] = {"policy": policy, "kind": pick.kind, "members": members, "seats": seats}
+        while len(self.pending) > self.config.max_pending:  # oldest first; a late report maps seats by PolicyRef
+            del self.pending[next(iter(self.pending))]
+        counts = self.counts.setdefault(policy, {k: 0 for k in KINDS})
+        counts[pick.kind] = counts.get(pick.kind, 0) + 1
+        self._save()
+        return Match(match_id=match_id, seats=seats, hero=hero_power, seed=seed)
+
+    def report(self, results: Sequence[Mapping[str, Any]]) -> None:
+        """MatchResult dicts of played matches; the G forks of one match weigh 1/G each.
+
+        Report all forks of a match in one call (a worker's `play` returns them together). A match
+        reported twice (a retried call) is ignored the second time.
+        """
+        by_match: dict[str, list[Mapping[str, Any]]] = {}
+        for result in results:
+            missing = [k for k in _RESULT_KEYS if k not in result]
+            if missing:
+                raise ValueError(f"a MatchResult dict lacks {missing}: {dict(result)!r:.200}")
+            by_match.setdefault(str(result["match_id"]), []).append(result)
+        plans = [(mid, self._match_plan(mid, forks)) for mid, forks in by_match.items()]  # validate everything first
+        for match_id, plan in plans:
+            if plan is None:
+                self.reported["ignored"] += 1
+                continue
+            hero_member, forks = plan
+            for member, outcome in match_outcomes(
+                [(f["centres"], f["hero"], f["members"]) for f in forks], hero_member
+            ).items():
+                self.payoff.update(hero_member, member, outcome)
+            self.ratings.rate([(f["members"], f["ranks"]) for f in forks])
+            self.pending.pop(match_id, None)
+            self.done.append(match_id)
+            self.reported["matches"] += 1
+            self.reported["results"] += len(forks)
+        self._save()
+
+    def current(self, policy: str) -> str:
+        """The current version of a trained policy (`<policy>@v<N>`)."""
+        role = self._role(policy)
+        if role["current"] is None:
+            raise RuntimeError(f"{policy} has no version yet: register_version({policy!r}, ...) first")
+        return str(role["current"])
+
+    def summary(self) -> dict[str, Any]:
+        """What the progress line and the README show: pool, payoff, ratings, Nash weights, counts.
+
+        {"roles": [...], "current": {policy: ref}, "pool": [{"member", "kind", "role", "ref", "rating",
+        "mu", "sigma", "nash", "games"}], "payoff": {"members": [...], "win_rate": [[...]], "games": [[...]]},
+        "ratings": {member: {"mu", "sigma", "ordinal"}}, "nash": {member: weight},
+        "matches": {policy: {kind: count}}, "reported": {"matches", "results", "ignored"},
+        "snapshots": {policy: n}, "resets": {policy: n}, "pending": n}
+        """
+        keys = list(self.members)
+        nash = self._nash(force=True)
+        ratings = {k: self.ratings.get(k) for k in keys}
+        games = {k: sum(self.payoff.games(k, o) for o in keys if o != k) for k in keys}
+        pool = []
+        for key in keys:
+            member = self.members[key]
+            rating = ratings[key]
+            ref = self._ref_of(key) if member.kind != LEARNER or self.roles[key]["current"] else None
+            pool.append(
+                {"member": key, "kind": member.kind, "role": member.role, "ref": ref}
+                | {"rating": rating.ordinal, "mu": rating.mu, "sigma": rating.sigma}
+                | {"nash": nash.get(key, 0.0), "games": games[key]}
+            )
+        return {
+            "roles": list(self.config.roles),
+            "current": {p: r["current"] for p, r in self.roles.items()},
+            "pool": pool,
+            "payoff": {
+                "members": keys,
+                "win_rate": self.payoff.matrix(keys),
+                "games": [[self.payoff.games(a, b) for b in keys] for a in keys],
+            },
+            "ratings": {k: {"mu": r.mu, "sigma": r.sigma, "ordinal": r.ordinal} for k, r in ratings.items()},
+            "nash": nash,
+            "matches": {p: dict(c) for p, c in self.counts.items()},
+            "reported": dict(self.reported),
+            "snapshots": {p: r["snapshots"] for p, r in self.roles.items()},
+            "resets": {p: r["resets"] for p, r in self.roles.items()},
+            "pending": len(self.pending),
+        }
+
+    # ------------------------------------------------------------------------------------ internals
+    def _role(self, policy: str) -> dict[str, Any]:
+        if policy not in self.roles or policy not in self.config.roles:
+            known = list(self.config.roles)
+            raise UnknownPolicyRef(f"{policy!r} is not a trained role of this league (roles: {known})")
+        return self.roles[policy]
+
+    def _configure(self) -> None:
+        """Add what the config names and the state lacks (fresh run, or roles/anchors added on resume)."""
+        for ref in self.config.anchors:
+            self.members.setdefault(ref, Member(ref, ANCHOR, ANCHOR, ref))
+        for policy in self.config.roles:
+            self.members.setdefault(policy, Member(policy, LEARNER, policy, policy))
+            self.roles.setdefault(
+                policy,
+                {
+                    "current": None,
+                    "baseline_step": None,
+                    "awaiting_reset": False,
+                    "snapshots": 0,
+                    "resets": 0,
+                    "matches": 0,
+                    "hero_cycle": [],
+                    "decision": None,
+                },
+            )
+        self.payoff.decay = self.config.decay
+        self.payoff.min_games = self.config.min_games
+
+    def _anchors(self) -> list[str]:
+        return [k for k in self.config.anchors if k in self.members]
+
+    def _snapshots(self, roles: Sequence[str] | None = None) -> list[str]:
+        return [k for k, m in self.members.items() if m.kind == SNAPSHOT and (roles is None or m.role in roles)]
+
+    def _pool(self) -> list[str]:
+        return self._anchors() + self._snapshots()
+
+    def _ref_of(self, key: str) -> str:
+        member = self.members[key]
+        if member.kind != LEARNER:
+            return member.ref
+        current = self.roles[key]["current"]
+        if current is None:
+            raise RuntimeError(f"{key} has no version yet: register_version({key!r}, ...) before matching against it")
+        return str(current)
+
+    def _pick(self, policy: str) -> Pick:
+        cfg = self.config
+
+        def win_rate(member: str) -> float:
+            return self.payoff.win_rate(policy, member)
+
+        if policy == "main":
+            nash = self._nash() if cfg.main.weighting == "nash" else None
+            return main_pick(
+                self.rng,
+                cfg.main,
+                hero=policy,
+                anchors=self._anchors(),
+                pool=self._pool(),
+                exploiter_snapshots=self._snapshots(("main_exploiter", "league_exploiter")),
+                own_snapshots=self._snapshots(("main",)),
+                win_rate=win_rate,
+                seats=cfg.seats,
+                p=cfg.pfsp_p,
+                nash=nash,
+            )
+        if policy == "main_exploiter":
+            return main_exploiter_pick("main")
+        nash = self._nash() if cfg.league_exploiter.weighting == "nash" else None
+        return league_exploiter_pick(
+            self.rng,
+            hero=policy,
+            pool=self._pool(),
+            win_rate=win_rate,
+            weighting=cfg.league_exploiter.weighting,
+            seats=cfg.seats,
+            p=cfg.pfsp_p,
+            nash=nash,
+        )
+
+    def _next_hero_power(self, policy: str) -> str:
+        """Powers in shuffled cycles of seven: every seven matches of a role cover every power once."""
+        role = self.roles[policy]
+        if not role["hero_cycle"]:
+            role["hero_cycle"] = [POWERS[int(i)] for i in self.rng.permutation(len(POWERS))]
+        return str(role["hero_cycle"].pop())
+
+    def _role_win_rate(self, policy: str) -> float:
+        """The snapshot rule's win rate: the lowest against the role's opponents (0.5 when it has none)."""
+        if policy == "main_exploiter":
+            opponents = ["main"]
+        elif policy == "main":
+            opponents = self._snapshots(("main",)) or self._pool()
+        else:
+            opponents = self._pool()
+        return min(self.payoff.win_rates(policy, opponents), default=0.5)
+
+    def _reset_probability(self, policy: str) -> float:
+        if policy == "main_exploiter":
+            return self.config.main_exploiter.reset_probability
+        if policy == "league_exploiter":
+            return self.config.league_exploiter.reset_probability
+        return 0.0
+
+    def _snapshot(self, policy: str, version: str) -> str:
+        if version not in self.members:
+            self.members[version] = Member(version, SNAPSHOT, policy, version)
+            self.ratings.set(version, self.ratings.get(policy))  # same weights as the learner right now
+            self.roles[policy]["snapshots"] += 1
+        return version
+
+    def _reset(self, policy: str) -> None:
+        """A fresh adapter replaces the learner: forget its statistics and its unreported matches."""
+        role = self.roles[policy]
+        role["resets"] += 1
+        role["awaiting_reset"] = True
+        self.payoff.forget(policy)
+        self.ratings.forget(policy)
+        for match_id in [m for m, p in self.pending.items() if policy in p["members"].values()]:
+            del self.pending[match_id]
+            self.done.append(match_id)
+
+    def _member_of(self, ref: str, hero_seat: bool) -> str:
+        """The member a PolicyRef in a result stands for, for matches this manager did not hand out."""
+        if not isinstance(ref, str):
+            raise UnknownPolicyRef(f"a PolicyRef must be a string, got {ref!r}")
+        if ref in self.members and self.members[ref].kind == ANCHOR:
+            return ref
+        if ref == "base" or ref.startswith("bot:"):
+            raise UnknownPolicyRef(f"{ref!r} is not an anchor of this league (anchors: {self._anchors()})")
+        policy, _ = version_number(ref)
+        if not hero_seat and ref in self.members:
+            return ref
+        if policy in self.roles:
+            return policy
+        if ref in self.members:
+            return ref
+        raise UnknownPolicyRef(f"{ref!r} is neither a trained role nor a snapshot of this league")
+
+    def _match_plan(
+        self, match_id: str, results: Sequence[Mapping[str, Any]]
+    ) -> tuple[str, list[dict[str, Any]]] | None:
+        """(hero member, validated forks with members by power) for one match; None if already counted."""
+        if match_id in self.done:
+            return None
+        plan = self.pending.get(match_id)
+        forks: dict[int, dict[str, Any]] = {}
+        hero_member = None
+        for result in results:
+            seats = dict(result["seats"])
+            for name in ("seats", "centres", "ranks"):
+                if sorted(result[name]) != sorted(POWERS):
+                    raise ValueError(f"match {match_id}: {name} must name the seven powers, got {sorted(result[name])}")
+            hero = str(result["hero"])
+            if plan is not None:
+                if seats != plan["seats"] or hero != next(p for p, m in plan["members"].items() if m == plan["policy"]):
+                    raise ValueError(f"match {match_id}: the reported seats differ from the match handed out")
+                members = dict(plan["members"])
+            else:
+                members = {p: self._member_of(ref, p == hero) for p, ref in seats.items()}
+            if hero_member is not None and members[hero] != hero_member:
+                raise ValueError(f"match {match_id}: forks disagree on the hero")
+            hero_member = members[hero]
+            fork = int(result["fork"])
+            if fork in forks:
+                raise ValueError(f"match {match_id}: fork {fork} reported twice in one call")
+            forks[fork] = {
+                "hero": hero,
+                "members": members,
+                "centres": {p: int(n) for p, n in result["centres"].items()},
+                "ranks": {p: int(r) for p, r in result["ranks"].items()},
+            }
+        assert hero_member is not None
+        return hero_member, [forks[k] for k in sorted(forks)]
+
+    def _nash(self, force: bool = False) -> dict[str, float]:
+        stamp = self.reported["matches"] // NASH_REFRESH
+        if force or self._nash_cache is None or self._nash_cache[0] != stamp:
+            keys = list(self.members)
+            weights = max_entropy_nash(self.payoff.matrix(keys))
+            self._nash_cache = (stamp, {k: float(w) for k, w in zip(keys, weights, strict=True)})
+        return dict(self._nash_cache[1])
+
+    # ---------------------------------------------------------------------------------- persistence
+    def state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "members": [m.to_dict() for m in self.members.values()],
+            "roles": self.roles,
+            "payoff": self.payoff.to_dict(),
+            "ratings": self.ratings.to_dict(),
+            "rng": self.rng.bit_generator.state,
+            "pending": self.pending,
+            "done": list(self.done),
+            "counts": self.counts,
+            "reported": self.reported,
+        }
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise RuntimeError(f"{self.dir}: league state version {state.get('version')!r}, expected {STATE_VERSION}")
+        self.members = {m["key"]: Member(m["key"], m["kind"], m["role"], m["ref"]) for m in state["members"]}
+        self.roles = {p: dict(r) for p, r in state["roles"].items()}
+        self.payoff = Payoff.from_dict(state["payoff"])
+        self.ratings = Ratings.from_dict(state["ratings"])
+        self.rng.bit_generator.state = state["rng"]
+        self.pending = dict(state["pending"])
+        self.done = deque(state["done"], maxlen=DONE_MEMORY)
+        self.counts = {p: dict(c) for p, c in state["counts"].items()}
+        self.reported = dict(state["reported"])
+        log.info("league restored from %s: %d members", self.dir, len(self.members))
+
+    def _save(self) -> None:
+        save_state(self.dir, self.state())
+
+
+def league_actor(config: LeagueConfig, run_dir: str | Path, name: str = "league", **options: Any) -> Any:
+    """The named Ray actor form: restarted after a crash with its state read back from `run_dir/league/`.
+
+    `get_if_exists` returns the running actor when one with this name is already up (a restarted
+    driver). Extra `options` (num_cpus, namespace, lifetime...) go to `.options()`.
+    """
+    import ray
+
+    remote = ray.remote(max_restarts=-1, max_task_retries=-1)(LeagueManager)
+    opts: dict[str, Any] = {"name": name, "get_if_exists": True, "num_cpus": 0} | options
+    return remote.options(**opts).remote(config, str(run_dir))

@@ -1,0 +1,60 @@
+"""Who is in the league: anchors, the learning members, and their frozen snapshots.
+
+A member is keyed by a string. Anchors and snapshots are keyed by the PolicyRef that plays them
+(`bot:dumbbot`, `base`, `main@v12`); a learning member by its policy name (`main`): its current
+version changes every publish, but its payoff and rating follow the learner across versions (with
+decay) until it is snapshotted (a new frozen member) or reset (its statistics are forgotten).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from diprl.inference.adapters import BASE, AdapterError, parse_policy_ref
+
+POWERS: tuple[str, ...] = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
+"""The seven powers of the standard map, sorted (what `DiplomacyGame().powers` returns)."""
+
+ANCHOR = "anchor"
+LEARNER = "learner"
+SNAPSHOT = "snapshot"
+
+
+class UnknownPolicyRef(ValueError):
+    """A PolicyRef that is malformed or names nobody in this league."""
+
+
+def validate_anchor(ref: str) -> str:
+    """An anchor is a rule bot (`bot:<name>` of a registered bot) or `base`; anything else is an error."""
+    if ref == BASE:
+        return ref
+    if isinstance(ref, str) and ref.startswith("bot:"):
+        from diprl.bots import BOT_NAMES
+
+        if ref[4:] in BOT_NAMES:
+            return ref
+        raise UnknownPolicyRef(f"unknown bot {ref!r} as a league anchor; known bots: {', '.join(BOT_NAMES)}")
+    raise UnknownPolicyRef(f"a league anchor must be 'base' or 'bot:<name>', got {ref!r}")
+
+
+def version_number(ref: str) -> tuple[str, int]:
+    """(policy, N) of an adapter version `<policy>@v<N>`; a clear error for anything else."""
+    try:
+        parsed = parse_policy_ref(ref)
+    except AdapterError as exc:
+        raise UnknownPolicyRef(str(exc)) from None
+    if parsed is None:
+        raise UnknownPolicyRef(f"{ref!r} is the base model, not a version of a trained policy")
+    return parsed.policy, parsed.version
+
+
+@dataclass(frozen=True)
+class Member:
+    key: str
+    kind: str  # anchor | learner | snapshot
+    role: str  # "anchor" for anchors; the trained role (= policy name) that produced it otherwise
+    ref: str  # the PolicyRef that plays it (a learner's is its current version, set by the manager)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "kind": self.kind, "role": self.role, "ref": self.ref}

@@ -1,0 +1,91 @@
+"""`python -m diprl.evaluate`: a well-formed report, plots and replays; every bad option fails before play."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from diprl import evaluate
+
+from .conftest import RecordingClient
+
+LAST_LINE = re.compile(r"^hero_solo_rate=\d\.\d{3} hero_mean_sc=\d+\.\d{2}$")
+PLOTS = ("outcomes.png", "per_power.png", "centres_by_year.png", "behaviour.png")
+
+
+def test_bots_suite_writes_report_plots_and_replays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ev"
+    argv = ["policy=bot:dumbbot", "opponents=bot:random", "games=7", "max_year=1901", f"out={out}", "replays=1"]
+    assert evaluate.main([*argv, "progress=false"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert LAST_LINE.match(lines[-1])
+    report = json.loads((out / "report.json").read_text())
+    assert lines[-1] == f"hero_solo_rate={report['hero_solo_rate']:.3f} hero_mean_sc={report['hero_mean_sc']:.2f}"
+    assert report["games"] == 7 and len(report["hero_centres_per_game"]) == 7
+    assert report["config"]["policy"] == "bot:dumbbot" and report["opponents"] == ["bot:random"]
+    for name in PLOTS:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    game = out / "replays" / "game0000"
+    saved = json.loads((game / "replay.json").read_text())
+    frames = sorted((game / "frames").glob("*.svg"))
+    assert len(frames) == len(saved["phases"])  # each processed phase plus the final board
+    assert frames[0].name == "000_S1901M.svg" and frames[0].read_text().lstrip().startswith("<?xml")
+    page = (game / "index.html").read_text()
+    assert "frames/000_S1901M.svg" in page and "</script>" in page
+    assert not (out / "replays" / "game0001").exists()
+
+
+def test_llm_seats_use_the_given_client(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    client = RecordingClient()
+    argv = ["policy=base", "opponents=[bot:random,bot:hold]", "games=2", "max_year=1901", f"out={tmp_path}"]
+    assert evaluate.main([*argv, "progress=false"], client=client) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["llm"]["hero_requests"] == report["llm"]["requests"] == sum(len(c) for c in client.calls) > 0
+    assert all(len(c) == 2 for c in client.calls[:1])  # both games' heroes in the first batch
+    assert LAST_LINE.match(capsys.readouterr().out.splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["policy=bot:dumbbot", "gmes=7"], "Key 'gmes' not in"),
+        (["policy=bot:dumbbot", "games=many"], "could not be converted"),
+        (["policy=bot:dumbbot", "games"], "key=value"),
+        (["opponents=bot:random"], "policy=<ref> is required"),
+        (["policy=bot:nobody"], "unknown bot"),
+        (["policy=bot:dumbbot", "opponents=[bot:random,main@v]"], "unknown PolicyRef"),
+        (["policy=bot:dumbbot", "max_year=1800"], "max_year"),
+        (["policy=bot:dumbbot", "games=0"], "games"),
+        (["policy=bot:dumbbot", "games=7", "replays=8"], "replays"),
+        (["policy=bot:dumbbot", "temperature=-1"], "temperature"),
+        (["policy=bot:dumbbot", "crossplay=[bot:random]"], "at least two"),
+        (["policy=main@v3", "adapters=ADAPTERS"], "not a published adapter"),
+        (["policy=base", "server=nowhere"], "unknown inference config"),
+    ],
+)
+def test_bad_options_fail_before_anything_starts(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = [a.replace("ADAPTERS", str(tmp_path / "adapters")) for a in argv]
+    assert evaluate.main([*argv, f"out={out}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (out / "report.json").exists()
+
+
+def test_an_out_path_that_is_a_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert evaluate.main(["policy=bot:random", f"out={blocker}"]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert evaluate.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for key in ("policy=", "opponents=", "games=", "crossplay=", "replays=", "adapters="):
+        assert key in text
