@@ -1,0 +1,223 @@
+"""From training records to padded micro-batches: masks rebuilt, lengths packed under a token budget.
+
+The learner is blind to game logic: each record carries its legal orders, and the constraint masks
+are rebuilt here with the same `OrderConstraint` the sampler used, so the trainer's distribution is
+the sampled one (masked, then tempered). A record whose completion the constraint rejects was not
+produced by our sampler and is refused with a clear error rather than trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from diprl.game.legal import PowerOrders
+from diprl.policy.constraint import ConstraintViolation, OrderConstraint
+from diprl.policy.vocab import TokenTable
+
+
+@dataclass
+class PreparedRecord:
+    """One completion with its per-token masks, temperature and (for GRPO) behaviour logprobs and advantages."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    allowed: list[np.ndarray]  # sorted allowed ids before each completion token
+    temperature: float
+    behaviour: list[float]
+    advantages: list[float]
+    policy_version: str | None
+    # Filled by the learner's recompute pass: the trainer's logprobs under the behaviour version's
+    # weights (None: the current weights are those weights) and under the EMA reference.
+    logp_old: list[float] | None = None
+    logp_ref: list[float] | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+def _describe(record: dict[str, Any], index: int) -> str:
+    return (
+        f"record {index} ({record.get('power', '?')} {record.get('phase', '?')}, {record.get('policy_version', '?')})"
+    )
+
+
+def prepare_record(
+    record: dict[str, Any],
+    table: TokenTable,
+    index: int = 0,
+    *,
+    need_rl_fields: bool = True,
+    max_len: int | None = None,
+) -> PreparedRecord:
+    """Validate one `TrainingRecord` dict and rebuild its masks; `ValueError` names the record and the problem.
+
+    `need_rl_fields` False (behaviour cloning) lets `behaviour_logprobs` and `advantages` be absent.
+    """
+    where = _describe(record, index)
+    try:
+        prompt = [int(t) for t in record["prompt_ids"]]
+        completion = [int(t) for t in record["completion_ids"]]
+        legal = PowerOrders.from_dict(record["legal"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{where}: malformed training record ({type(err).__name__}: {err})") from None
+    if not prompt or not completion:
+        raise ValueError(f"{where}: empty prompt or completion")
+    if max_len is not None and len(prompt) + len(completion) > max_len:
+        raise ValueError(f"{where}: {len(prompt) + len(completion)} tokens exceed the model's max_model_len {max_len}")
+    temperature = float(record.get("temperature", 1.0))
+    if not temperature > 0:
+        raise ValueError(f"{where}: temperature must be positive, got {temperature}")
+    n = len(completion)
+    if need_rl_fields:
+        behaviour = [float(x) for x in record.get("behaviour_logprobs") or []]
+        advantages = [float(x) for x in record.get("advantages") or []]
+        if len(behaviour) != n or len(advantages) != n:
+            raise ValueError(
+                f"{where}: {n} completion tokens but {len(behaviour)} behaviour logprobs and "
+                f"{len(advantages)} advantages (one of each per token)"
+            )
+        if not all(np.isfinite(behaviour)) or not all(np.isfinite(advantages)):
+            raise ValueError(f"{where}: non-finite behaviour logprob or advantage")
+    else:
+        behaviour, advantages = [0.0] * n, [0.0] * n
+    try:
+        allowed = OrderConstraint(legal, table).masks_for(completion)
+    except ConstraintViolation as err:
+        raise ValueError(f"{where}: completion is not one the constraint allows: {err}") from None
+    return PreparedRecord(prompt, completion, allowed, temperature, behaviour, advantages, record.get("policy_version"))
+
+
+def pack_by_tokens(lengths: Sequence[int], budget: int, min_batches: int = 1) -> list[list[int]]:
+    """Indices grouped into micro-batches whose padded size (count x longest) stays within `budget`.
+
+    Longest first, first fit: forks of one state have nearly equal lengths, so padding stays small.
+    A sequence longer than the budget gets a micro-batch of its own (it cannot be split). With fewer
+    micro-batches than `min_batches`, the records are re-spread over that many (longest to the
+    least loaded), as long as there are records to spread.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    target = min(min_batches, len(order))
+    if len(batches) < target:
+        batches = [[] for _ in range(target)]
+        for i in order:
+            least = min(
+                range(target),
+                key=lambda b: ((len(batches[b]) + 1) * max([lengths[i], *(lengths[j] for j in batches[b])]), b),
+            )
+            batches[least].append(i)
+    return batches
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded sequences plus the flat per-completion-token view the loss works on.
+
+    `rows`/`cols` locate the hidden state that predicts each completion token (position before it).
+    """
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    rows: torch.Tensor  # [N]
+    cols: torch.Tensor  # [N]
+    targets: torch.Tensor  # [N]
+    temperatures: torch.Tensor  # [N]
+    allowed: list[np.ndarray]  # N entries
+    behaviour: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N]
+    logp_old: torch.Tensor  # [N], NaN where the current weights are the behaviour weights
+    logp_ref: torch.Tensor  # [N], NaN where no reference was computed
+    record_slices: list[tuple[int, int]]  # [start, end) of each record's tokens in the flat view
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.targets.numel())
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        move = {
+            k: getattr(self, k).to(device)
+            for k in (
+                "input_ids",
+                "attention_mask",
+                "rows",
+                "cols",
+                "targets",
+                "temperatures",
+                "behaviour",
+                "advantages",
+                "logp_old",
+                "logp_ref",
+            )
+        }
+        return MicroBatch(**move, allowed=self.allowed, record_slices=self.record_slices)
+
+
+def collate(records: Sequence[PreparedRecord], pad_id: int) -> MicroBatch:
+    """Right-pad `records` into one micro-batch (right padding leaves every real token's attention unchanged)."""
+    width = max(r.length for r in records)
+    input_ids = torch.full((len(records), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(records), width), dtype=torch.long)
+    rows: list[int] = []
+    cols: list[int] = []
+    targets: list[int] = []
+    temps: list[float] = []
+    allowed: list[np.ndarray] = []
+    behaviour: list[float] = []
+    advantages: list[float] = []
+    logp_old: list[float] = []
+    logp_ref: list[float] = []
+    slices: list[tuple[int, int]] = []
+    for b, r in enumerate(records):
+        ids = r.prompt_ids + r.completion_ids
+        input_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[b, : len(ids)] = 1
+        start = len(targets)
+        p = len(r.prompt_ids)
+        rows.extend([b] * len(r.completion_ids))
+        cols.extend(range(p - 1, p - 1 + len(r.completion_ids)))
+        targets.extend(r.completion_ids)
+        temps.extend([r.temperature] * len(r.completion_ids))
+        allowed.extend(r.allowed)
+        behaviour.extend(r.behaviour)
+        advantages.extend(r.advantages)
+        nan = [float("nan")] * len(r.completion_ids)
+        logp_old.extend(r.logp_old if r.logp_old is not None else nan)
+        logp_ref.extend(r.logp_ref if r.logp_ref is not None else nan)
+        slices.append((start, len(targets)))
+    return MicroBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        rows=torch.tensor(rows, dtype=torch.long),
+        cols=torch.tensor(cols, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        temperatures=torch.tensor(temps, dtype=torch.float32),
+        allowed=allowed,
+        behaviour=torch.tensor(behaviour, dtype=torch.float32),
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        logp_old=torch.tensor(logp_old, dtype=torch.float32),
+        logp_ref=torch.tensor(logp_ref, dtype=torch.float32),
+        record_slices=slices,
+    )
+
+
+def micro_batches(
+    records: Sequence[PreparedRecord], budget: int, min_batches: int, pad_id: int
+) -> list[tuple[list[int], MicroBatch]]:
+    """(record indices, micro-batch) for every micro-batch of one optimiser step."""
+    groups = pack_by_tokens([r.length for r in records], budget, min_batches)
+    return [(idx, collate([records[i] for i in idx], pad_id)) for idx in groups if idx]

@@ -1,0 +1,99 @@
+"""Typed configuration of the learner (Hydra group `learner`, `conf/learner/default.yaml`).
+
+Every knob of the GRPO step, its DeepSpeed engine and its publishing/checkpoint cadence is one typed
+field with the reason for its default beside it; `LearnerConfig.__post_init__` rejects values out of
+range with a message naming the field, so a bad YAML or override fails before a model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from diprl.structured_config import load_structured
+
+
+@dataclass
+class LearnerConfig:
+    """One trained policy's learner.
+
+    Batching: a step takes the records of the groups it is given (the driver pulls `groups_per_step`
+    groups from the queue), drops stale ones, and packs the rest into micro-batches of at most
+    `micro_batch_tokens` padded tokens (prompt + completion), at least `grad_accum` of them; gradients
+    accumulate over all of them and the optimiser steps once.
+    """
+
+    policy: str = "main"  # trained policy name: versions are published as "<policy>@v<N>"
+    model: str = "tiny"  # model preset (conf/model/<name>.yaml); LoRA shape comes from the preset
+    init_adapter: str | None = None  # warm start: "<policy>@v<N>" in the adapter store, or a PEFT directory
+    lr: float = 1e-4
+    weight_decay: float = 0.0  # LoRA weights start at B = 0; decay would pull them back to the base
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    groups_per_step: int = 8  # what the train driver pulls from the queue per train_step
+    micro_batch_tokens: int = 8192  # padded tokens per forward/backward: the memory knob
+    grad_accum: int = 1  # minimum micro-batches per optimiser step (records balanced over them by tokens)
+    clip_low: float = 0.2  # PPO ratio floor 1 - clip_low (for negative advantages)
+    clip_high: float = 0.28  # PPO ratio ceiling 1 + clip_high (clip-higher: room for rare good tokens to rise)
+    tis_cap: float = 2.0  # truncated importance weight cap on trainer-vs-engine drift
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0  # k3 KL to the EMA of the LoRA weights; 0 skips the reference forward pass
+    ema_decay: float = 0.99
+    max_grad_norm: float = 1.0  # 0 disables clipping
+    max_policy_lag: int = 4  # groups from versions more than this behind the current one are dropped
+    publish_every: int = 1  # optimiser steps between published versions
+    checkpoint_every: int = 10  # optimiser steps between checkpoints (0: only on request)
+    keep_checkpoints: int = 3
+    zero_stage: int = 2
+    bf16: bool = False  # GPU path; the tiny CPU model is float32 so its logprobs match vLLM's to ~1e-6
+    gradient_checkpointing: bool = False
+    use_gpu: bool = False  # the Ray actor asks for one GPU and DeepSpeed uses CUDA + NCCL
+    logprob_chunk_tokens: int = 512  # completion positions whose full-vocabulary logits exist at once
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                problems.append(message)
+
+        need(bool(self.policy), "policy must be a non-empty name")
+        need(self.lr > 0, f"lr must be positive, got {self.lr}")
+        need(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        need(0 <= self.adam_beta1 < 1, f"adam_beta1 must be in [0, 1), got {self.adam_beta1}")
+        need(0 <= self.adam_beta2 < 1, f"adam_beta2 must be in [0, 1), got {self.adam_beta2}")
+        need(self.adam_eps > 0, f"adam_eps must be positive, got {self.adam_eps}")
+        need(self.groups_per_step >= 1, f"groups_per_step must be >= 1, got {self.groups_per_step}")
+        need(self.micro_batch_tokens >= 16, f"micro_batch_tokens must be >= 16, got {self.micro_batch_tokens}")
+        need(self.grad_accum >= 1, f"grad_accum must be >= 1, got {self.grad_accum}")
+        need(0 <= self.clip_low < 1, f"clip_low must be in [0, 1), got {self.clip_low}")
+        need(self.clip_high >= 0, f"clip_high must be >= 0, got {self.clip_high}")
+        need(self.tis_cap >= 1, f"tis_cap must be >= 1 (1 would down-weight every drifted token), got {self.tis_cap}")
+        need(self.entropy_coef >= 0, f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        need(self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}")
+        need(0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        need(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        need(self.max_policy_lag >= 0, f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
+        need(self.publish_every >= 1, f"publish_every must be >= 1, got {self.publish_every}")
+        need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        need(
+            self.zero_stage in (0, 1, 2), f"zero_stage must be 0, 1 or 2 (LoRA needs no ZeRO-3), got {self.zero_stage}"
+        )
+        need(self.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens must be >= 1, got {self.logprob_chunk_tokens}")
+        if problems:
+            raise ValueError("invalid learner config: " + "; ".join(problems))
+
+
+def register_configs() -> None:
+    """Register the `base_learner` schema (group `learner`) that the YAML files extend."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="learner", name="base_learner", node=LearnerConfig)
+
+
+def load_learner_config(name: str = "default", conf_dir: Path | None = None) -> LearnerConfig:
+    """Read `conf/learner/<name>.yaml` into a validated `LearnerConfig` (typos and wrong types fail)."""
+    return load_structured(LearnerConfig, "learner", name, conf_dir)

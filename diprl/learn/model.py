@@ -1,0 +1,249 @@
+"""The trained model: base preset + PEFT LoRA, wrapped by DeepSpeed, and how it scores completions.
+
+Only the positions that predict completion tokens reach the LM head, a chunk at a time, and only
+the logits of the tokens the constraint allows are kept: with Qwen's 152k-wide vocabulary the full
+logits of every prompt position would cost more memory than the whole tiny model, while the masked
+distribution (everything else is -inf) is fully described by the allowed entries. The result equals
+`diprl.policy.logprobs.constrained_logprobs` (the dense reference, tested) and vLLM's processed
+logprobs (tested against a running engine).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from diprl.learn.config import LearnerConfig
+from diprl.policy.logprobs import allowed_mask
+from diprl.policy.models import ModelPreset, resolve_model_path
+
+DENSE_THRESHOLD = 4096
+"""Above this many allowed ids at some position of a chunk (free reasoning), mask the dense logits instead."""
+
+
+def base_model_name(preset: ModelPreset) -> str:
+    """What published adapters record as their base model (the directory or hub id vLLM loads)."""
+    return str(resolve_model_path(preset))
+
+
+def build_peft_model(preset: ModelPreset, config: LearnerConfig, adapter_dir: Path | None = None) -> Any:
+    """The preset's base model with a LoRA adapter of the preset's shape (fresh, or `adapter_dir`'s weights).
+
+    A fresh adapter is PEFT's default initialisation (B = 0), seeded by `config.seed`, so it computes
+    exactly the base model: the first published version plays like `base`.
+    """
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if config.bf16 else torch.float32
+    base = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(preset)), dtype=dtype)
+    base.config.use_cache = False
+    lora = LoraConfig(
+        r=preset.lora.rank,
+        lora_alpha=preset.lora.alpha,
+        lora_dropout=preset.lora.dropout,
+        target_modules=list(preset.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = get_peft_model(base, lora)
+    if adapter_dir is not None:
+        load_lora_state_(model, read_adapter_dir(adapter_dir, model))
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def lora_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The trainable LoRA parameters by name (sorted: a stable order for EMA and checkpoints)."""
+    return {n: p for n, p in sorted(model.named_parameters()) if p.requires_grad}
+
+
+def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A float32 CPU copy of the LoRA weights."""
+    return {n: p.detach().float().cpu().clone() for n, p in lora_parameters(model).items()}
+
+
+@torch.no_grad()
+def load_lora_state_(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` into the model's LoRA weights in place (names and shapes must match exactly)."""
+    params = lora_parameters(model)
+    if set(params) != set(state):
+        missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        raise ValueError(f"LoRA state does not fit the model: missing {missing[:3]}, unexpected {extra[:3]}")
+    for name, p in params.items():
+        if p.shape != state[name].shape:
+            raise ValueError(f"LoRA weight {name}: shape {tuple(state[name].shape)}, model has {tuple(p.shape)}")
+        p.copy_(state[name].to(device=p.device, dtype=p.dtype))
+
+
+def read_adapter_dir(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+    """A PEFT `save_pretrained` directory's weights, renamed to this model's parameter names.
+
+    PEFT saves `...q_proj.lora_A.weight` for the parameter `...q_proj.lora_A.default.weight`.
+    A rank or module mismatch is an error naming the first offending weight.
+    """
+    from safetensors.torch import load_file
+
+    file = Path(path) / "adapter_model.safetensors"
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} holds no adapter_model.safetensors (save with safe_serialization=True)")
+    saved = load_file(str(file))
+    state: dict[str, torch.Tensor] = {}
+    for name in lora_parameters(model):
+        key = name.replace(".default", "")
+        if key not in saved:
+            raise ValueError(f"adapter {path} lacks {key}: it was trained for other modules or another base model")
+        state[name] = saved[key].float()
+    return state
+
+
+def zero_lora_b_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA weights of `base`: current A, B = 0 (the adapter then adds nothing)."""
+    return {n: (torch.zeros_like(t) if "lora_B" in n else t) for n, t in lora_state(model).items()}
+
+
+class CompletionHidden(nn.Module):
+    """The module DeepSpeed wraps: the PEFT model's backbone, returning only completion-predicting states.
+
+    The LM head is applied outside (in chunks, see `completion_logprobs`); it is tied to the
+    embeddings and frozen, so gradients reach the LoRA weights through these hidden states.
+    """
+
+    def __init__(self, peft_model: Any) -> None:
+        super().__init__()
+        self.peft_model = peft_model
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        weight: torch.Tensor = self.peft_model.get_base_model().get_output_embeddings().weight
+        return weight
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+    ) -> torch.Tensor:
+        backbone = self.peft_model.get_base_model().model
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return hidden[rows, cols]
+
+
+def _padded_allowed(allowed: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(a) for a in allowed)
+    idx = np.zeros((len(allowed), width), dtype=np.int64)
+    valid = np.zeros((len(allowed), width), dtype=bool)
+    for i, a in enumerate(allowed):
+        idx[i, : len(a)] = a
+        valid[i, : len(a)] = True
+    return idx, valid
+
+
+def completion_logprobs(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperatures: torch.Tensor,
+    allowed: Sequence[np.ndarray],
+    chunk_tokens: int = 512,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probability of each target, entropy per position or None) under softmax(mask(logits) / T).
+
+    `hidden` [N, H] are the states predicting the N targets, `allowed` the constraint's allowed ids
+    before each (`OrderConstraint.masks_for`), `temperatures` [N] the sampler's temperature per token.
+    """
+    from diprl.learn.loss import masked_entropy
+
+    logps: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        end = min(start + chunk_tokens, hidden.shape[0])
+        logits = nn.functional.linear(hidden[start:end], lm_head_weight).float()
+        temp = temperatures[start:end].unsqueeze(-1)
+        target = targets[start:end].unsqueeze(-1)
+        chunk_allowed = allowed[start:end]
+        if max(len(a) for a in chunk_allowed) <= DENSE_THRESHOLD:
+            idx_np, valid_np = _padded_allowed(chunk_allowed)
+            idx = torch.from_numpy(idx_np).to(logits.device)
+            valid = torch.from_numpy(valid_np).to(logits.device)
+            scaled = logits.gather(1, idx).masked_fill(~valid, float("-inf")) / temp
+            logp = logits.gather(1, target).squeeze(-1) / temp.squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        else:
+            mask = allowed_mask(chunk_allowed, logits.shape[-1], logits.device)
+            scaled = logits.masked_fill(~mask, float("-inf")) / temp
+            logp = torch.log_softmax(scaled, dim=-1).gather(1, target).squeeze(-1)
+        logps.append(logp)
+        if with_entropy:
+            entropies.append(masked_entropy(scaled))
+    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed(use_gpu: bool) -> None:
+    """A one-process torch.distributed group for DeepSpeed (gloo on CPU, NCCL on GPU), once per process.
+
+    On CPU nothing is compiled: DeepSpeed's shared-memory collective would build a C++ op on first
+    use (about a minute), so it is switched off; gloo does the (trivial, one-rank) reductions.
+    """
+    import deepspeed
+
+    if not use_gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo", auto_mpi_discovery=False, verbose=False)
+
+
+def deepspeed_config(config: LearnerConfig) -> dict[str, Any]:
+    """DeepSpeed settings: ZeRO stage, precision and clipping from the learner config.
+
+    Gradient accumulation is driven by the learner (a step has as many micro-batches as its records
+    need), so DeepSpeed is told 1 and the accumulation boundary is set by hand on the last one.
+    """
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": config.max_grad_norm,
+        "zero_optimization": {"stage": config.zero_stage},
+        "bf16": {"enabled": config.bf16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+    }
+
+
+def make_engine(module: CompletionHidden, config: LearnerConfig) -> Any:
+    """DeepSpeed engine over `module` with a plain torch AdamW on the LoRA weights (nothing compiled)."""
+    import deepspeed
+
+    init_distributed(config.use_gpu)
+    params = list(lora_parameters(module).values())
+    if not params:
+        raise ValueError("the model has no trainable parameters: was LoRA applied?")
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=config.lr,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+    )
+    if config.use_gpu:
+        module = module.cuda()
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=deepspeed_config(config))
+    return engine

@@ -1,0 +1,107 @@
+"""Packing by a token budget, record validation, and the sparse masked logprobs against the dense reference."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from diprl.game import DiplomacyGame
+from diprl.learn.batching import collate, pack_by_tokens, prepare_record
+from diprl.learn.model import completion_logprobs
+from diprl.policy.logprobs import constrained_logprobs
+from diprl.policy.prompt import build_prompt
+from diprl.policy.tokenizer import load_tokenizer
+from diprl.policy.vocab import TokenTable, token_table
+from diprl.rollout.clients import UniformConstrainedClient
+
+
+@pytest.fixture(scope="module")
+def table() -> TokenTable:
+    return token_table(load_tokenizer(), 151936)
+
+
+def _record(table: TokenTable, power: str = "FRANCE", seed: int = 0) -> dict[str, Any]:
+    game = DiplomacyGame()
+    request = {
+        "policy": "main@v1",
+        "prompt": build_prompt(game, power).text,
+        "legal": game.legal_orders(power).to_dict(),
+    }
+    [result] = UniformConstrainedClient(table, seed=seed).generate([{**request, "prompt": [1, 2, 3, 4, 5]}])
+    n = len(result["token_ids"])
+    return {
+        "prompt_ids": result["prompt_ids"],
+        "completion_ids": result["token_ids"],
+        "behaviour_logprobs": result["logprobs"],
+        "legal": request["legal"],
+        "advantages": [1.0] * n,
+        "policy_version": "main@v1",
+        "temperature": 1.0,
+        "power": power,
+        "phase": "S1901M",
+        "reward": 0.0,
+    }
+
+
+def test_pack_by_tokens_respects_the_budget_and_keeps_long_ones_alone() -> None:
+    # padded cost = count x longest; budget 100
+    assert pack_by_tokens([30, 30, 30, 30], 100) == [[0, 1, 2], [3]]
+    assert pack_by_tokens([10, 120, 50, 40], 100) == [[1], [2, 3], [0]]
+    assert pack_by_tokens([], 100) == []
+    # at least 2 micro-batches: spread, longest first onto the least loaded
+    assert sorted(map(sorted, pack_by_tokens([30, 30, 30, 30], 1000, min_batches=2))) == [[0, 2], [1, 3]]
+    assert pack_by_tokens([30], 1000, min_batches=4) == [[0]]
+
+
+def test_prepare_rebuilds_one_mask_per_token_and_refuses_bad_records(table: TokenTable) -> None:
+    record = _record(table)
+    prepared = prepare_record(record, table)
+    assert len(prepared.allowed) == len(record["completion_ids"])
+    # the uniform sampler's behaviour logprob is -log(#allowed): the masks are the sampler's masks
+    assert prepared.behaviour == pytest.approx([-math.log(len(a)) for a in prepared.allowed])
+    with pytest.raises(ValueError, match="one of each per token"):
+        prepare_record({**record, "advantages": [1.0]}, table)
+    with pytest.raises(ValueError, match="constraint allows"):
+        bad = [9707, *record["completion_ids"][1:]]  # "Hello" where an order must start
+        prepare_record({**record, "completion_ids": bad}, table)
+    with pytest.raises(ValueError, match="malformed"):
+        prepare_record({k: v for k, v in record.items() if k != "legal"}, table)
+    with pytest.raises(ValueError, match="max_model_len"):
+        prepare_record(record, table, max_len=4)
+    bc = prepare_record(
+        {k: v for k, v in record.items() if k not in ("advantages", "behaviour_logprobs")}, table, need_rl_fields=False
+    )
+    assert bc.advantages == [0.0] * len(record["completion_ids"])
+
+
+def test_collate_points_each_target_at_the_position_before_it(table: TokenTable) -> None:
+    a, b = prepare_record(_record(table, seed=1), table), prepare_record(_record(table, "ENGLAND", seed=2), table)
+    mb = collate([a, b], pad_id=0)
+    for (s, e), r, row in zip(mb.record_slices, [a, b], [0, 1], strict=True):
+        assert mb.targets[s:e].tolist() == r.completion_ids
+        assert mb.input_ids[row, mb.cols[s:e] + 1].tolist() == r.completion_ids
+        assert set(mb.rows[s:e].tolist()) == {row}
+    assert int(mb.attention_mask.sum()) == a.length + b.length
+
+
+def test_sparse_masked_logprobs_equal_the_dense_reference(table: TokenTable) -> None:
+    rng = np.random.default_rng(0)
+    prepared = prepare_record(_record(table, seed=3), table)
+    n, hidden_size = len(prepared.completion_ids), 16
+    hidden = torch.tensor(rng.normal(size=(n, hidden_size)), dtype=torch.float32)
+    weight = torch.tensor(rng.normal(size=(151936, hidden_size)), dtype=torch.float32)
+    targets = torch.tensor(prepared.completion_ids)
+    for temperature in (1.0, 0.7):
+        temps = torch.full((n,), temperature)
+        ours, entropy = completion_logprobs(
+            hidden, weight, targets, temps, prepared.allowed, chunk_tokens=5, with_entropy=True
+        )
+        dense = constrained_logprobs(hidden @ weight.T, prepared.allowed, targets, temperature)
+        assert torch.allclose(ours, dense, atol=1e-5)
+        assert entropy is not None and bool((entropy >= -1e-6).all())
+        single = [i for i, a in enumerate(prepared.allowed) if len(a) == 1]
+        assert all(abs(float(entropy[i])) < 1e-6 and abs(float(ours[i])) < 1e-6 for i in single)

@@ -1,0 +1,96 @@
+"""A version the learner publishes is served by the PolicyServer's engine, and the learner's masked,
+tempered logprobs of the served completions equal the engine's processed logprobs (within 1e-4)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from diprl.game import DiplomacyGame
+from diprl.inference.config import ServerConfig
+from diprl.learn.config import LearnerConfig
+from diprl.learn.learner import Learner
+from diprl.learn.model import zero_lora_b_state
+from diprl.policy.prompt import build_prompt
+from diprl.policy.tokenizer import load_tokenizer
+
+from .groups import make_group, on_policy
+
+
+def _served(config: ServerConfig, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The PolicyServer deployment's engine (`PolicyEngine`, the code each replica runs), in this process."""
+    from diprl.inference.server import PolicyEngine
+
+    async def run() -> list[dict[str, Any]]:
+        engine = PolicyEngine(config)
+        try:
+            return await engine.generate(requests)
+        finally:
+            engine.shutdown()
+
+    threads = torch.get_num_threads()
+    try:
+        return asyncio.run(run())
+    finally:
+        torch.set_num_threads(threads)  # vLLM pins torch to one thread in-process
+
+
+def test_published_version_is_served_and_learner_logprobs_match_the_engine(tmp_path: Path) -> None:
+    adapters = tmp_path / "adapters"
+    learner = Learner(LearnerConfig(lr=3e-2, max_grad_norm=0.0, checkpoint_every=0), tmp_path / "run", adapters)
+    tokenizer = load_tokenizer()
+    for seed in range(2):  # move the LoRA well away from the base
+        version = learner.latest_version()
+        group = on_policy(learner, make_group(learner.table, tokenizer, version, [1.0, -1.0, 1.0, -1.0], seed=seed))
+        learner.train_step([group])
+    version = learner.latest_version()
+    assert version == "main@v3"
+
+    game = DiplomacyGame()
+    requests = [
+        {
+            "policy": policy,
+            "prompt": build_prompt(game, power).text,
+            "legal": game.legal_orders(power).to_dict(),
+            "temperature": temperature,
+        }
+        for policy in (version, "base")
+        for power, temperature in (("FRANCE", 1.0), ("ENGLAND", 0.7), ("RUSSIA", 1.0))
+    ]
+    config = ServerConfig(
+        model="tiny", adapter_root=str(adapters), adapter_cache=str(tmp_path / "cache"), max_num_seqs=8
+    )
+    results = _served(config, requests)
+    assert [r["error"] for r in results] == [None] * len(requests)
+    assert all(r["complete"] for r in results)
+
+    records = [
+        {
+            "prompt_ids": r["prompt_ids"],
+            "completion_ids": r["token_ids"],
+            "legal": q["legal"],
+            "temperature": q["temperature"],
+        }
+        for q, r in zip(requests, results, strict=True)
+    ]
+    ours = learner.score(records[:3])
+    with learner._weights(zero_lora_b_state(learner.peft)):
+        base = learner.score(records)
+    worst = 0.0
+    for mine, r in zip(ours + base[3:], results, strict=True):
+        worst = max(worst, float((torch.tensor(mine) - torch.tensor(r["logprobs"])).abs().max()))
+    assert worst < 1e-4, f"max |learner - engine| logprob = {worst:.2e}"
+    # and the served version is the trained one, not the base: the base explains its samples worse
+    gap = max(
+        float((torch.tensor(b) - torch.tensor(r["logprobs"])).abs().max())
+        for b, r in zip(base[:3], results, strict=True)
+    )
+    assert gap > 1e-3
+    learner.engine.destroy()
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
