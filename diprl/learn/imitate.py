@@ -12,8 +12,12 @@ decode (torch, under the same masks), i.e. on what the PolicyServer would play a
 not on teacher-forced likelihoods.
 
 Training goes through one narrow interface, `RecordTrainer` (`train_records(records, "bc")` and
-`publish()`), which the learner's `Learner` also implements; `LocalBCTrainer` below is the
-dependency-free implementation used while `trainer=local` (the default).
+`publish()`), which the learner's `Learner` also implements: `trainer=learner` trains through
+`Learner.train_records(records, objective="bc")` (DeepSpeed ZeRO-2, the GRPO learner's own masked
+recompute; it publishes the untrained LoRA as the first version on construction, so the warm start
+is the next one). `trainer=local` (the default) is `LocalBCTrainer` below: the same masked NLL with
+plain AdamW in this process, which starts in a second instead of DeepSpeed's engine set-up. Either
+way the "after" agreement is measured on the published version loaded back from the store.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from diprl.learn.teacher import (
 from diprl.policy.constraint import CLOSE_TAG, OrderConstraint
 from diprl.policy.vocab import TokenTable
 
-TRAINERS = ("local",)
+TRAINERS = ("local", "learner")
 
 
 class ConfigError(ValueError):
@@ -74,7 +78,7 @@ class ImitateConfig:
     out: str = "runs/imitate"  # run directory: teacher shards, metrics, report
     adapter_root: str = "runs/adapters"  # the AdapterStore the PolicyServer serves from
     reuse_data: bool = False  # read <out>/teacher instead of playing the games again
-    trainer: str = "local"
+    trainer: str = "local"  # local: LocalBCTrainer; learner: diprl.learn.Learner (DeepSpeed ZeRO-2)
     eval_batch_size: int = 16
     # torch threads. 1 by default: on a shared 2-core machine two OpenMP threads spin-wait on each
     # other and a step ran 10x slower than with one (measured); 0 leaves torch's default.
@@ -471,6 +475,35 @@ def teacher_data(config: ImitateConfig, tokenizer: Any, table: TokenTable, run_d
     return data
 
 
+def make_trainer(config: ImitateConfig, model: Any, table: TokenTable, base_path: str, run_dir: Path) -> RecordTrainer:
+    """The trainer `config.trainer` names; both publish to `config.adapter_root` under `config.policy`."""
+    if config.trainer == "learner":
+        from diprl.learn.config import LearnerConfig
+        from diprl.learn.learner import Learner
+
+        learner_config = LearnerConfig(
+            policy=config.policy,
+            model=config.model,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            max_grad_norm=config.max_grad_norm,
+            publish_every=config.steps + 1,  # one version at the end: `run` publishes it
+            checkpoint_every=0,
+            seed=config.seed,
+        )
+        return Learner(learner_config, run_dir, config.adapter_root)
+    return LocalBCTrainer(
+        model,
+        table,
+        policy=config.policy,
+        adapter_root=config.adapter_root,
+        base_model=base_path,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+    )
+
+
 def run(config: ImitateConfig) -> dict[str, Any]:
     """Generate (or read) teacher data, score, train, publish, score again; returns the report,
     also written to `<out>/imitate_report.json` (metrics per step in `<out>/imitate_metrics.jsonl`)."""
@@ -492,16 +525,7 @@ def run(config: ImitateConfig) -> dict[str, Any]:
     before = evaluate_agreement(model, data.heldout, table, config.eval_batch_size)
     timings["eval_before_s"] = time.perf_counter() - start
 
-    trainer = LocalBCTrainer(
-        model,
-        table,
-        policy=config.policy,
-        adapter_root=config.adapter_root,
-        base_model=base_path,
-        lr=config.lr,
-        weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm,
-    )
+    trainer = make_trainer(config, model, table, base_path, run_dir)
     metrics_path = run_dir / "imitate_metrics.jsonl"
     start = time.perf_counter()
     with open(metrics_path, "w", encoding="utf-8") as log, _progress(config.steps, "bc steps", config.quiet) as bar:
@@ -517,7 +541,10 @@ def run(config: ImitateConfig) -> dict[str, Any]:
     version = trainer.publish()
 
     start = time.perf_counter()
-    after = evaluate_agreement(model, data.heldout, table, config.eval_batch_size)
+    from diprl.inference.adapters import AdapterStore
+
+    published, _, _, _ = load_policy_model(config.model, init=AdapterStore(config.adapter_root).resolve(version).path)
+    after = evaluate_agreement(published, data.heldout, table, config.eval_batch_size)
     timings["eval_after_s"] = time.perf_counter() - start
     tail = history[-min(10, len(history)) :]
     report = {

@@ -304,3 +304,30 @@ def test_behaviour_cloning_raises_agreement_on_a_fixed_set(
     # The published files are the trained adapter: loaded afresh, they decode exactly as the model did.
     reloaded, _, _, _ = load_policy_model("tiny", init=published.path)
     assert greedy_decode(reloaded, fixed, table) == greedy_decode(model, fixed, table)
+
+
+@pytest.mark.slow
+def test_imitation_end_to_end_through_the_learner(tmp_path: Path) -> None:
+    """The CLI path with `trainer=learner`: teacher shards written, DeepSpeed learner trained with
+    objective='bc', the warm start published after the learner's untrained first version."""
+    from diprl.learn.imitate import run
+
+    config = parse_args(
+        [
+            "games=2",
+            "max_year=1901",
+            "train_examples=8",
+            "heldout_examples=4",
+            "steps=2",
+            "batch_size=4",
+            "trainer=learner",
+            f"out={tmp_path / 'run'}",
+            f"adapter_root={tmp_path / 'adapters'}",
+            "quiet=true",
+        ]
+    )
+    report = run(config)
+    assert report["version"] == "main@v2"  # v1: the learner's untrained LoRA
+    assert (tmp_path / "run" / "teacher" / "manifest.json").is_file()
+    assert report["after"]["incomplete"] == 0 and report["after"]["decisions"] == 4
+    assert len(read_shards(tmp_path / "run").train) == 8
