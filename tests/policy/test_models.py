@@ -115,7 +115,7 @@ def test_default_location_is_keyed_by_spec() -> None:
     assert models.tiny_model_dir_name(TinyModelSpec()).startswith("tiny-qwen3-")
 
 
-@pytest.mark.parametrize("name", ["tiny", "qwen3_8b", "qwen3_14b"])
+@pytest.mark.parametrize("name", ["tiny", "small", "qwen3_8b", "qwen3_14b"])
 def test_yaml_presets_load_and_match_builtins(name: str) -> None:
     preset = load_preset(name)
     assert preset == BUILTIN_PRESETS[name]
@@ -130,7 +130,7 @@ def test_preset_values() -> None:
         assert preset.source is ModelSource.hub_or_path and preset.path == hub_id and preset.dtype == "bfloat16"
         assert (preset.lora.rank, preset.lora.alpha) == (16, 32)
         assert preset.lora.target_modules == ALL_LINEAR
-    assert known_presets() == ["qwen3_14b", "qwen3_8b", "tiny"]
+    assert known_presets() == ["qwen3_14b", "qwen3_8b", "small", "tiny"]
 
 
 def test_hydra_composes_the_same_presets() -> None:
@@ -148,7 +148,7 @@ def test_hydra_composes_the_same_presets() -> None:
 
 
 def test_unknown_preset_lists_known_ones() -> None:
-    with pytest.raises(KeyError, match=r"qwen3_7b.*known: qwen3_14b, qwen3_8b, tiny"):
+    with pytest.raises(KeyError, match=r"qwen3_7b.*known: qwen3_14b, qwen3_8b, small, tiny"):
         load_preset("qwen3_7b")
 
 
