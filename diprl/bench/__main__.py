@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "constraint": "diprl.bench.constraint",
     "inference": "diprl.bench.inference",
     "rollout": "diprl.bench.rollout",
+    "league": "diprl.bench.league",
 }
 
 
