@@ -18,6 +18,8 @@ BENCHMARKS: dict[str, str] = {
     "inference": "diprl.bench.inference",
     "rollout": "diprl.bench.rollout",
     "learner": "diprl.bench.learner",
+    "league": "diprl.bench.league",
+    "learning": "diprl.bench.learning",
 }
 
 

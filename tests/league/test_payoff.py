@@ -7,7 +7,7 @@ import pytest
 from diprl.league.members import POWERS
 from diprl.league.payoff import Payoff, hero_outcome, match_outcomes
 
-A, E, F, G, I, R, T = POWERS
+A, E, F, G, I, R, T = POWERS  # noqa: E741 (the initials of the seven powers)
 
 
 def test_hero_outcome_counts_ties_half() -> None:
