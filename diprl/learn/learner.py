@@ -98,6 +98,7 @@ class Learner:
             "dropped_foreign": 0,
             "old_weights_missing": 0,
             "resets": 0,
+            "nonfinite_steps": 0,
         }
         self._snapshots: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.restored: Restored = self.checkpoints.newest_good()
@@ -417,6 +418,11 @@ class Learner:
         t2 = time.perf_counter()
         self.engine.step()
         grad_norm = self.engine.get_global_grad_norm()
+        if not self.engine.was_step_applied():
+            # DeepSpeed skips the update on non-finite gradients; say so loudly and take no step.
+            self.counters["nonfinite_steps"] += 1
+            logger.error("%s: non-finite gradients, optimiser step skipped (%s)", cfg.policy, stats.summary())
+            return self._no_step({**extra, "nonfinite_gradients": 1}, start)
         self.step += 1
         self.weights_version = None
         self._update_ema()

@@ -79,8 +79,10 @@ def masked_entropy(scaled_logits: torch.Tensor) -> torch.Tensor:
     distribution the sampler actually drew from.
     """
     logp = torch.log_softmax(scaled_logits, dim=-1)
-    p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    # -inf must leave the product before it is formed: 0 * -inf is NaN, and so is its gradient,
+    # even behind a `where` that discards the value.
+    finite = torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
+    return -(finite.exp() * finite).sum(-1)  # masked entries: exp(0) * 0 = 0
 
 
 @dataclass

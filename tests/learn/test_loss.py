@@ -108,6 +108,10 @@ def test_entropy_of_a_masked_distribution() -> None:
     assert float(masked_entropy(logits)[0]) == pytest.approx(math.log(2))
     assert float(masked_entropy(_t(3.0, -inf, -inf, -inf).reshape(1, 4))[0]) == pytest.approx(0.0)
     assert float(masked_entropy(_t(1.0, 1.0, 1.0, 1.0).reshape(1, 4))[0]) == pytest.approx(math.log(4))
+    # its gradient is finite although the masked logits are -inf
+    raw = _t(0.5, -0.5, 0.0, 0.0).requires_grad_()
+    masked_entropy(raw.masked_fill(_t(0, 0, 1, 1).bool(), -inf).reshape(1, 4)).sum().backward()
+    assert raw.grad is not None and bool(torch.isfinite(raw.grad).all()) and float(raw.grad.abs().sum()) > 0
     # the bonus lowers the loss by coef * mean entropy
     logp = _t(-0.7).requires_grad_()
     base, _ = grpo_loss(logp, logp.detach(), logp.detach(), _t(0.0), total_tokens=1, **KW)
