@@ -21,3 +21,8 @@ def test_a100_cluster_config_matches_ray_schema() -> None:
 def test_gpu_image_pins_the_v1_model_runner() -> None:
     """FACTS.md: GPU vLLM builds default to Model Runner V2, whose logits-processor interface differs."""
     assert "VLLM_USE_V2_MODEL_RUNNER=0" in (ROOT / "docker" / "Dockerfile").read_text()
+
+
+def test_gpu_image_runs_the_training_entry() -> None:
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    assert '"diprl.train"' in text and '"diprl.arena"' not in text

@@ -59,6 +59,7 @@ class EpisodeOutput:
     completions: int = 0
     bad_completions: int = 0
     untrainable_completions: int = 0  # hero completions with an error or no tokens: left out of the group
+    returns: list[float] = field(default_factory=list)  # the forks' returns, trained on or not
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ class Episode:
             # `game` is never stepped after forking: it is every fork's pre-state for the support check.
             scores.append(self.rubric.score(game, fork, match.hero))
         returns = [s.total for s in scores]
+        out.returns = list(returns)
         advantages, std = self.credit.group_advantages(returns)
         out.results = [_match_result(match, i, f) for i, f in enumerate(forks)]
         if advantages is None:

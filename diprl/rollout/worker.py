@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class WorkerConfig:
     client: str = "serve"  # "serve": the PolicyServer deployment; "uniform": a uniform constrained sampler
     serve_app: str = "policy"
     seed: int = 0
+    train_turns: str | None = None  # overrides the reward config's credit.train_turns (fork | all)
 
 
 def stratified_matches(
@@ -124,6 +125,8 @@ class RolloutWorker:
         else:
             raise ValueError(f"unknown rollout client {config.client!r}: use 'serve' or 'uniform'")
         reward = load_reward_config(config.reward)
+        if config.train_turns is not None:
+            reward = replace(reward, credit=replace(reward.credit, train_turns=config.train_turns))
         self.episode = Episode(config.episode, Rubric(reward), CreditAssigner(reward.credit), client, table)
         self.pid = os.getpid()
 
@@ -149,6 +152,7 @@ class RolloutWorker:
             "bad_completions": out.bad_completions,
             "untrainable_completions": out.untrainable_completions,
             "group_records": len(out.group.records) if out.group else 0,
+            "group_returns": list(out.returns),
             "worker_pid": self.pid,
         }
 

@@ -1,0 +1,196 @@
+"""Where a training run reports: metrics JSONL, W&B (offline unless a key is set), Ray metrics, a progress
+line, and learning-curve plots in the run directory.
+
+One `Tracker` per run, owned by the training driver. Every record goes to the JSONL file first (the
+source of truth a plot or a resumed run reads back), then to W&B and the Ray dashboard's metrics.
+Nothing here knows about games or models: it moves dictionaries of numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+# Metrics exported to the Ray dashboard (Prometheus names); every value is tagged with the policy.
+RAY_GAUGES = {
+    "learner/step": ("diprl_learner_step", "learner steps taken"),
+    "learner/policy_lag": ("diprl_policy_lag", "mean versions between the sampling policy and the learner"),
+    "learner/tokens_per_s": ("diprl_learner_tokens_per_s", "completion tokens trained per second"),
+    "rollout/mean_reward": ("diprl_mean_reward", "mean hero return of recent groups"),
+    "rollout/hero_centres": ("diprl_hero_centres", "mean hero supply centres at the fork horizon"),
+    "rollout/groups_per_s": ("diprl_groups_per_s", "trajectory groups delivered per second"),
+    "queue/depth": ("diprl_queue_depth", "groups waiting for the learner"),
+    "eval/hero_mean_sc": ("diprl_eval_hero_mean_sc", "evaluation: hero mean centres"),
+    "eval/hero_solo_rate": ("diprl_eval_hero_solo_rate", "evaluation: hero solo rate"),
+    "league/rating": ("diprl_league_rating", "openskill mu - 3 sigma of the current version"),
+}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class Tracker:
+    def __init__(self, run_dir: Path, config: Mapping[str, Any], use_wandb: bool = True, project: str = "diprl"):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._file: TextIO = self.path.open("a")
+        self._wandb: Any = None
+        if use_wandb:
+            self._wandb = _start_wandb(self.run_dir, config, project)
+        self._gauges: dict[str, Any] = {}
+        try:
+            from ray.util import metrics
+
+            for key, (name, description) in RAY_GAUGES.items():
+                self._gauges[key] = metrics.Gauge(name, description=description, tag_keys=("policy",))
+        except Exception:  # no Ray worker context (unit tests): the JSONL file is enough
+            self._gauges = {}
+
+    def log(self, kind: str, values: Mapping[str, Any], policy: str = "main") -> None:
+        """Append one record (`kind`: learner, rollout, eval, league, progress) everywhere it goes."""
+        record = {"time": time.time(), "kind": kind, "policy": policy, **values}
+        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.flush()
+        numbers = {k: v for k, v in values.items() if _finite(v)}
+        if self._wandb is not None and numbers:
+            self._wandb.log({f"{policy}/{k}": v for k, v in numbers.items()})
+        for key, value in numbers.items():
+            gauge = self._gauges.get(key)
+            if gauge is not None:
+                gauge.set(float(value), tags={"policy": policy})
+
+    def close(self) -> None:
+        self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _start_wandb(run_dir: Path, config: Mapping[str, Any], project: str) -> Any:
+    """W&B online only when a key is configured; offline (files in the run directory) otherwise."""
+    try:
+        import wandb
+    except ImportError:
+        return None
+    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
+    return wandb.init(
+        project=project,
+        dir=str(run_dir),
+        name=run_dir.name,
+        config=dict(config),
+        mode="online" if online else "offline",
+        resume="allow",
+        id=run_dir.name.replace("/", "-"),
+        settings=wandb.Settings(silent=True, console="off"),
+    )
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics file, skipping a torn last line (a killed run)."""
+    records: list[dict[str, Any]] = []
+    if not path.is_file():
+        return records
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+class ProgressLine:
+    """One status line: rewritten in place on a terminal, printed every `every_s` seconds otherwise."""
+
+    def __init__(self, every_s: float = 10.0, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.every_s = every_s
+        self.tty = self.stream.isatty()
+        self._last = 0.0
+
+    def update(self, fields: Mapping[str, Any], force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < (1.0 if self.tty else self.every_s):
+            return
+        self._last = now
+        text = "  ".join(f"{k} {_fmt(v)}" for k, v in fields.items())
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def plot_learning_curves(records: Sequence[Mapping[str, Any]], out: Path, title: str = "") -> Path | None:
+    """learning_curves.png: hero return and centres from rollouts, evaluation centres with their 95%
+    interval, and the learner's loss statistics, against learner steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    learner = [r for r in records if r.get("kind") == "learner" and r.get("policy") == "main"]
+    rollout = [r for r in records if r.get("kind") == "rollout" and r.get("policy") == "main"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    if not learner and not evals:
+        return None
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    ax = axes[0][0]
+    if rollout:
+        ax.plot([r["learner/step"] for r in rollout], [r["rollout/mean_reward"] for r in rollout], ".-", label="return")
+        ax2 = ax.twinx()
+        ax2.plot(
+            [r["learner/step"] for r in rollout], [r["rollout/hero_centres"] for r in rollout], "g.-", label="centres"
+        )
+        ax2.set_ylabel("hero centres at horizon", color="g")
+    ax.set_title("rollouts (recent groups)")
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("mean hero return")
+    ax = axes[0][1]
+    for opponent in sorted({str(r.get("opponents")) for r in evals}):
+        rows = [r for r in evals if str(r.get("opponents")) == opponent]
+        steps = [r["step"] for r in rows]
+        mean = [r["eval/hero_mean_sc"] for r in rows]
+        low = [r.get("eval/hero_mean_sc_lo", m) for r, m in zip(rows, mean, strict=True)]
+        high = [r.get("eval/hero_mean_sc_hi", m) for r, m in zip(rows, mean, strict=True)]
+        ax.plot(steps, mean, "o-", label=f"vs {opponent}")
+        ax.fill_between(steps, low, high, alpha=0.2)
+    ax.set_title("evaluation: hero mean centres (95% CI)")
+    ax.set_xlabel("learner step")
+    if evals:
+        ax.legend(fontsize=8)
+    for ax, keys, name in (
+        (axes[1][0], ("loss/total", "loss/pg"), "loss"),
+        (axes[1][1], ("entropy", "clip/fraction", "kl"), "statistics"),
+    ):
+        steps = [r.get("step", i) for i, r in enumerate(learner)]
+        for key in keys:
+            values = [r.get(key) for r in learner]
+            if any(_finite(v) for v in values):
+                ax.plot(steps, [v if _finite(v) else float("nan") for v in values], ".-", label=key)
+        ax.set_title(f"learner {name}")
+        ax.set_xlabel("learner step")
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

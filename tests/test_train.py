@@ -1,0 +1,84 @@
+"""The training entry point: bad configuration fails before anything starts; the smoke experiment runs the
+whole system end to end on a local Ray cluster, survives killed actors, and resumes."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from diprl.tracking import read_metrics
+from diprl.train import ConfigError, compose_config, main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+experiment=nope"], "experiment"),
+        (["model=gpt5"], "model"),
+        (["train.max_stepz=3"], "max_stepz"),
+        (["learner.lr=fast"], "lr"),
+        (["train.num_workers=0"], "num_workers"),
+        (["train.train_turns=every"], "train_turns"),
+        (["evaluation.games=10"], "multiple of 7"),
+    ],
+)
+def test_bad_configuration_is_a_clear_error_before_anything_starts(
+    overrides: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(overrides) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err
+
+
+def test_every_experiment_composes() -> None:
+    conf = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+    names = sorted(p.stem for p in conf.glob("*.yaml"))
+    assert {"pfsp", "league", "selfplay", "dumbbot", "smoke"} <= set(names)
+    for name in names:
+        config, resolved = compose_config([f"+experiment={name}"])
+        assert config.experiment == name and "experiment: " + name in resolved
+
+
+def test_resume_of_a_missing_run_is_refused(tmp_path: Path) -> None:
+    config, resolved = compose_config(["+experiment=smoke", f"train.resume={tmp_path / 'nothing'}"])
+    from diprl.train import prepare_run_dir
+
+    with pytest.raises(ConfigError, match="not a run directory"):
+        prepare_run_dir(config, resolved)
+
+
+@pytest.mark.slow
+def test_smoke_run_survives_killed_actors_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    port = f"inference.port={free_port()}"
+    chaos = "[rollout-0,league,learner-main,policy-server]"
+    common = ["+experiment=smoke", port, "train.dashboard=false"]
+    assert main([*common, f"train.run_dir={run_dir}", f"train.chaos={chaos}", "train.max_steps=3"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    fields = dict(kv.split("=", 1) for kv in last.split())
+    assert fields["train_steps"] == "3" and int(fields["adapter_versions"]) >= 3 and int(fields["groups"]) >= 3
+    records = read_metrics(run_dir / "metrics.jsonl")
+    killed = {r["killed"] for r in records if r["kind"] == "fault" and "killed" in r}
+    assert killed == {"rollout-0", "league", "learner-main", "policy-server"}
+    steps = [r["step"] for r in records if r["kind"] == "learner"]
+    assert steps == sorted(steps) and steps[-1] == 3  # a restarted learner continued from its checkpoint
+    league = json.loads((run_dir / "league_summary.json").read_text())
+    assert len(league["pool"]) > 3, "snapshots joined the anchors"  # anchors: random, dumbbot, base
+    assert any(r["kind"] == "eval" for r in records)
+    assert (run_dir / "plots" / "learning_curves.png").is_file()
+
+    # Resume: the learner, the league and the counters continue where they were.
+    assert main([*common, f"train.resume={run_dir}", "train.max_steps=4"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "train_steps=4" in last
+    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "learner"]
+    assert steps[-1] == 4 and steps.count(4) == 1
