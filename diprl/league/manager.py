@@ -115,7 +115,13 @@ class LeagueManager:
         match_id = f"{policy}-{role['matches']}"
         role["matches"] += 1
         seed = int(self.rng.integers(0, 2**31 - 1))
-        self.pending[match_id] = {"policy": policy, "kind": pick.kind, "members": members, "seats": seats}
+        self.pending[match_id] = {
+            "policy": policy,
+            "kind": pick.kind,
+            "members": members,
+            "seats": seats,
+            "hero": hero_power,
+        }
         while len(self.pending) > self.config.max_pending:  # oldest first; a late report maps seats by PolicyRef
             del self.pending[next(iter(self.pending))]
         counts = self.counts.setdefault(policy, {k: 0 for k in KINDS})
@@ -357,7 +363,8 @@ class LeagueManager:
                     raise ValueError(f"match {match_id}: {name} must name the seven powers, got {sorted(result[name])}")
             hero = str(result["hero"])
             if plan is not None:
-                if seats != plan["seats"] or hero != next(p for p, m in plan["members"].items() if m == plan["policy"]):
+                # In self-play every seat is the policy's member: only the recorded hero power identifies it.
+                if seats != plan["seats"] or hero != plan.get("hero", hero):
                     raise ValueError(f"match {match_id}: the reported seats differ from the match handed out")
                 members = dict(plan["members"])
             else:

@@ -204,3 +204,14 @@ def test_summary_shape(tmp_path: Path) -> None:
     assert summary["current"] == {p: f"{p}@v1" for p in ("main", "main_exploiter", "league_exploiter")}
     assert {m["kind"] for m in summary["pool"]} == {"anchor", "learner"}
     json.dumps(summary)  # plain data: goes into metrics and the README as it is
+
+
+def test_self_play_matches_are_reported_whatever_the_hero_power(tmp_path: Path) -> None:
+    """Every seat of a self-play match is `main`: the hero power handed out identifies the hero."""
+    manager = league(tmp_path, main=MainRoleConfig(self_play=1.0, pfsp=0.0, verification=0.0, anchors=0.0))
+    matches = [manager.next_match("main") for _ in range(7)]
+    assert {m.hero for m in matches} == set(POWERS)
+    for match in matches:
+        assert set(match.seats.values()) == {"main@v1"}
+        manager.report(hero_wins(match))
+    assert manager.summary()["reported"]["matches"] == 7
