@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 CATEGORY_ORDER = ("solo", "top", "survived", "eliminated")
 
@@ -75,6 +76,7 @@ def plot_centres_by_year(reports: Sequence[dict[str, Any]], path: Path) -> Path:
         series = report["centres_by_year"]
         ax.plot(series["years"], series["mean"], marker=".", label=report["label"])
     ax.axhline(18, color="grey", linestyle=":", linewidth=1, label="solo (18)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("year (start of)")
     ax.set_ylabel("mean hero centres")
     ax.set_title("hero centres over the game (a finished game keeps its final count)")
