@@ -22,7 +22,7 @@ export PYTHONPATH := $(CURDIR)
 
 ARENA_ARGS ?= --hero dumbbot --opponents random --games 70 --max-year 1935
 
-.PHONY: install run arena ladder test lint format bench clean
+.PHONY: install run train arena ladder test lint format bench clean
 
 install: $(STAMP)
 
@@ -36,7 +36,13 @@ $(STAMP): requirements/cpu.txt requirements/dev.txt requirements/constraints-cpu
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
-run: install arena
+run: install train
+
+# The main job: league RL of the tiny Qwen3 on a local Ray cluster (about 10 minutes here).
+TRAIN_ARGS ?= +experiment=pfsp
+train: install
+	@mkdir -p $(TMPDIR)
+	$(BIN)/python -m diprl.train $(TRAIN_ARGS)
 
 arena: install
 	@mkdir -p $(TMPDIR)

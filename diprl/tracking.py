@@ -20,8 +20,8 @@ from typing import Any, TextIO
 # Metrics exported to the Ray dashboard (Prometheus names); every value is tagged with the policy.
 RAY_GAUGES = {
     "learner/step": ("diprl_learner_step", "learner steps taken"),
-    "learner/policy_lag": ("diprl_policy_lag", "mean versions between the sampling policy and the learner"),
-    "learner/tokens_per_s": ("diprl_learner_tokens_per_s", "completion tokens trained per second"),
+    "policy_lag_mean": ("diprl_policy_lag", "mean versions between the sampling policy and the learner"),
+    "tokens_per_s": ("diprl_learner_tokens_per_s", "completion tokens trained per second"),
     "rollout/mean_reward": ("diprl_mean_reward", "mean hero return of recent groups"),
     "rollout/hero_centres": ("diprl_hero_centres", "mean hero supply centres at the fork horizon"),
     "rollout/groups_per_s": ("diprl_groups_per_s", "trajectory groups delivered per second"),
@@ -176,8 +176,8 @@ def plot_learning_curves(records: Sequence[Mapping[str, Any]], out: Path, title:
     if evals:
         ax.legend(fontsize=8)
     for ax, keys, name in (
-        (axes[1][0], ("loss/total", "loss/pg"), "loss"),
-        (axes[1][1], ("entropy", "clip/fraction", "kl"), "statistics"),
+        (axes[1][0], ("loss", "loss_pg", "loss_entropy", "loss_kl"), "loss"),
+        (axes[1][1], ("entropy", "clip_frac_low", "clip_frac_high", "tis_capped_frac", "kl"), "statistics"),
     ):
         steps = [r.get("step", i) for i, r in enumerate(learner)]
         for key in keys:

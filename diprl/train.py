@@ -35,6 +35,7 @@ from diprl.rollout.episode import EpisodeConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAMESPACE = "diprl"
+SERVE_APP = "policy-server"  # the PolicyServer's Serve application and deployment: its replicas' name
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -247,6 +248,10 @@ def quiet_libraries(verbose: bool) -> None:
     level = logging.INFO if verbose else logging.WARNING
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    if not verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("WANDB_SILENT", "true")
     for name in ("ray", "ray.serve", "vllm", "deepspeed", "urllib3", "filelock", "httpx", "torch", "wandb"):
         logging.getLogger(name).setLevel(level)
     if not verbose:
@@ -288,6 +293,8 @@ class Driver:
         from diprl.rollout.worker import GroupLedger, RolloutWorker, WorkerConfig
 
         cfg, t = self.config, self.config.train
+        # Serve configures its own driver-side logger on import: quiet it again.
+        logging.getLogger("ray.serve").setLevel(logging.INFO if self.verbose else logging.WARNING)
         adapter_root = (self.run_dir / "adapters").resolve()
         self.registry = start_registry()
         server_config = replace(
@@ -295,7 +302,7 @@ class Driver:
             adapter_root=str(adapter_root),
             adapter_cache=str((self.run_dir / ".adapter_cache").resolve()),
             adapter_registry=None,
-            name="policy",
+            name=SERVE_APP,
         )
         self.server = serve_policy(server_config)
         self.serve = serve
@@ -316,7 +323,7 @@ class Driver:
             episode=t.episode,
             reward=t.reward,
             client="serve",
-            serve_app="policy",
+            serve_app=SERVE_APP,
             seed=t.seed,
             train_turns=t.train_turns,
         )
@@ -340,6 +347,7 @@ class Driver:
             seed=e.seed,
             temperature=e.temperature,
             max_tokens=self.config.train.episode.max_tokens,
+            serve_app=SERVE_APP,
         )
 
     # ---------------------------------------------------------------- loop
@@ -500,7 +508,7 @@ class Driver:
         for name in t.chaos:
             if name == "policy-server":  # Serve notices the dead replica and starts another
                 for actor in ray.util.list_named_actors(all_namespaces=True):
-                    if "SERVE_REPLICA" in actor["name"] and "policy" in actor["name"]:
+                    if "SERVE_REPLICA" in actor["name"] and SERVE_APP in actor["name"]:
                         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=False)
             else:
                 ray.kill(ray.get_actor(name), no_restart=False)
@@ -522,7 +530,7 @@ class Driver:
             "reward": round(_mean(self.recent_returns), 3),
             "hero_sc": round(_mean(self.recent_centres), 2),
             "queue": sum(q.qsize() for q in self.queues.values()),
-            "lag": round(float(main.get("policy_lag", 0.0)), 2),
+            "lag": round(float(main.get("policy_lag_mean", 0.0)), 2),
             "version": self.versions.get("main", "-"),
         }
         for opponents, values in self.last_eval.items():

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from diprl.arena import main
-from diprl.bots.base import Agent
+from diprl.bots.base import Agent, seat_seed
 from diprl.eval.arena import AgentFactory, standard_powers
-from diprl.eval.arena_games import Category, GameRecord, categorize, play_game, seat_seed
+from diprl.eval.arena_games import Category, GameRecord, categorize, play_game
 from diprl.game import DiplomacyGame, PhaseKind
 
 LAST_LINE = re.compile(r"^hero_solo_rate=\d\.\d{3} hero_mean_sc=\d+\.\d{2}$")

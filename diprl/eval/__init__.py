@@ -8,7 +8,8 @@
   `replays`: what is written; `evaluator`: the training run's `Evaluator` actor.
 """
 
-from diprl.eval.arena_games import CATEGORIES, Category, GameRecord, categorize, play_game, seat_seed
+from diprl.bots.base import seat_seed
+from diprl.eval.arena_games import CATEGORIES, Category, GameRecord, categorize, play_game
 from diprl.eval.stats import Z95, bootstrap_ci, mean_ci, wilson_interval
 from diprl.eval.suite import SuiteConfig, run_suite, run_suites
 

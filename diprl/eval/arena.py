@@ -25,8 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from diprl.bots.base import Agent
-from diprl.eval.arena_games import CATEGORIES, Category, categorize, play_game, seat_seed
+from diprl.bots.base import Agent, seat_seed
+from diprl.eval.arena_games import CATEGORIES, Category, categorize, play_game
 from diprl.eval.stats import mean_summary, rate_summary
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
 

@@ -18,22 +18,6 @@ from diprl.bots.base import Agent
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
 from diprl.game.scoring import score_game
 
-_MASK64 = (1 << 64) - 1
-
-
-def seat_seed(game_seed: int, seat: int) -> int:
-    """A 32-bit seed for the agent in `seat` (power index) of the game seeded `game_seed`.
-
-    Python's `hash` is salted per process, so it cannot be used: worker processes would disagree.
-    A splitmix64 finaliser decorrelates neighbouring games and seats; 32 bits keep the result
-    valid for every RNG a bot might use (`random.Random`, `numpy.random.seed`).
-    """
-    x = (game_seed * 0x9E3779B97F4A7C15 + (seat + 1) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    x ^= x >> 31
-    return x & 0xFFFFFFFF
-
 
 @dataclass(frozen=True)
 class GameRecord:

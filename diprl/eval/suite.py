@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from diprl.bots import make_agent
-from diprl.bots.base import Agent
+from diprl.bots.base import Agent, seat_seed
 from diprl.eval.arena import SEED_STRIDE, check_max_year, game_seed, standard_powers
-from diprl.eval.arena_games import CATEGORIES, Category, GameRecord, categorize, seat_seed
+from diprl.eval.arena_games import CATEGORIES, Category, GameRecord, categorize
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
 from diprl.eval.refs import check_policy_ref, is_llm
 from diprl.eval.stats import mean_summary, rate_summary

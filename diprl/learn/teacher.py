@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.bots import BOT_NAMES, make_agent
-from diprl.eval.arena_games import seat_seed
+from diprl.bots.base import seat_seed
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, validate_orders
 from diprl.game.orders import WAIVE
 from diprl.policy.constraint import CLOSE_TAG, OrderConstraint

@@ -26,10 +26,11 @@ class PolicyClient(Protocol):
 class ServeClient:
     """Calls the PolicyServer through its deployment handle (what rollout workers use)."""
 
-    def __init__(self, app_name: str = "policy", deployment: str = "policy", timeout_s: float = 600.0) -> None:
+    def __init__(self, app_name: str = "policy", deployment: str | None = None, timeout_s: float = 600.0) -> None:
         from ray import serve
 
-        self.handle = serve.get_deployment_handle(deployment, app_name=app_name)
+        # `serve_policy` names the application and its one deployment alike.
+        self.handle = serve.get_deployment_handle(deployment or app_name, app_name=app_name)
         self.timeout_s = timeout_s
 
     def generate(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
