@@ -113,6 +113,7 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     from diprl.inference.server import serve_policy
     from diprl.rollout.clients import ServeClient
 
+    quiet_logs(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
     server = replace(load_server_config(config.server), adapter_root=str(Path(config.adapters).resolve()))
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
