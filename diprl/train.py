@@ -278,6 +278,7 @@ class Driver:
         self.last_eval: dict[str, Any] = {}
         self.rating: float | None = None
         self.chaos_done = False
+        self.last_eval_version: str | None = None
 
     # ---------------------------------------------------------------- start
     def start(self) -> None:
@@ -410,6 +411,10 @@ class Driver:
                     self._eval_done(ref, *evaluating.pop(ref))
             progress.update(self._progress_fields())
             self.counters.minutes = (time.monotonic() - self.started) / 60
+        if e.at_end and self.last_eval_version != self.versions["main"]:
+            # The final version against the same fixed games: the "after" of a before/after comparison.
+            version, step = self.versions["main"], self.steps["main"]
+            self._eval_done(self.evaluator.evaluate.remote(version, f"step{step}"), version, step)
         progress.update(self._progress_fields(), force=True)
         progress.close()
         self._finish()
@@ -480,6 +485,7 @@ class Driver:
             self.tracker.log("fault", {"evaluation": version, "error": repr(exc)[:500]})
             return
         self.counters.evaluations += 1
+        self.last_eval_version = version
         report_path = str(self.run_dir / "eval" / result["tag"] / "report.json")
         for opponents, report in result["suites"].items():
             centres = report["hero_centres"]

@@ -72,8 +72,11 @@ def test_smoke_run_survives_killed_actors_and_resumes(tmp_path: Path, capsys: py
     steps = [r["step"] for r in records if r["kind"] == "learner"]
     assert steps == sorted(steps) and steps[-1] == 3  # a restarted learner continued from its checkpoint
     league = json.loads((run_dir / "league_summary.json").read_text())
-    assert len(league["pool"]) > 3, "snapshots joined the anchors"  # anchors: random, dumbbot, base
-    assert any(r["kind"] == "eval" for r in records)
+    assert any(m["kind"] == "snapshot" for m in league["pool"]), "a snapshot joined the anchors"
+    assert league["reported"]["matches"] >= 3 and any(m["games"] > 0 and m["mu"] != 25.0 for m in league["pool"])
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["version"] for r in evals][0] == "main@v1" and evals[-1]["step"] == 3  # at the start and the end
+    assert Path(evals[-1]["eval/report"]).is_file()
     assert (run_dir / "plots" / "learning_curves.png").is_file()
 
     # Resume: the learner, the league and the counters continue where they were.
