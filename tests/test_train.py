@@ -75,7 +75,7 @@ def test_smoke_run_survives_killed_actors_and_resumes(tmp_path: Path, capsys: py
     assert any(m["kind"] == "snapshot" for m in league["pool"]), "a snapshot joined the anchors"
     assert league["reported"]["matches"] >= 3 and any(m["games"] > 0 and m["mu"] != 25.0 for m in league["pool"])
     evals = [r for r in records if r["kind"] == "eval"]
-    assert [r["version"] for r in evals][0] == "main@v1" and evals[-1]["step"] == 3  # at the start and the end
+    assert evals[0]["version"] == "main@v1" and evals[-1]["step"] == 3  # at the start and the end
     assert Path(evals[-1]["eval/report"]).is_file()
     assert (run_dir / "plots" / "learning_curves.png").is_file()
 
