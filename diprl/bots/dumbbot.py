@@ -1,4 +1,4 @@
-"""DumbBot, the field's benchmark opponent, written clean-room from ../shared/DUMBBOT.md.
+"""DumbBot, the field's benchmark opponent, written clean-room from its specification (docs/dumbbot.md).
 
 Win rates "vs DumbBot" only compare across projects when the bot is faithful to David Norman's
 original rules; loose ports play near random level. The pieces below follow the specification

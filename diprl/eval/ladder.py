@@ -4,7 +4,7 @@
 
 Prints the markdown table the README carries, so the published numbers can be regenerated with
 one command. For each self-play row it also counts games that any power soloed, the figure
-DUMBBOT.md gives for calibrating DumbBot (about one game in five).
+the DumbBot specification (docs/dumbbot.md) gives for calibrating it (about one game in five).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def test_choose_collapses_equal_values_to_the_first_seen() -> None:
 
 def test_dumbbot_supports_only_its_own_units_and_they_match() -> None:
     """Loose ports support foreign units and their supports rarely match what the supported unit does
-    (27% against 98% for the C++ rules, DUMBBOT.md). A match: the supported unit was ordered to make
+    (27% against 98% for the C++ rules, docs/dumbbot.md). A match: the supported unit was ordered to make
     exactly the supported move, or to stay put for a hold support."""
     game, _ = play(dict.fromkeys(DiplomacyGame().powers, "dumbbot"), seed=11, max_year=1910)
     supports = matched = 0

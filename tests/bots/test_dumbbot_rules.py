@@ -1,4 +1,4 @@
-"""DumbBot rules that earlier versions got wrong, each pinned on a hand-built position (DUMBBOT.md)."""
+"""DumbBot rules that earlier versions got wrong, each pinned on a hand-built position (docs/dumbbot.md)."""
 
 from __future__ import annotations
 
