@@ -204,9 +204,12 @@ def init_distributed(use_gpu: bool) -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
+    # The group has one rank and lives in this process: its rendezvous port must be free HERE. A port
+    # inherited from a parent (a driver that ran a learner in-process passes its MASTER_PORT to every
+    # Ray worker it starts) is still bound by that parent, so a fresh one is always taken.
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ[key] = value
+    os.environ["MASTER_PORT"] = str(_free_port())
     deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo", auto_mpi_discovery=False, verbose=False)
 
 

@@ -87,7 +87,7 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(tmp_p
     # and the served version is the trained one, not the base: the base explains its samples worse
     gap = max(
         float((torch.tensor(b) - torch.tensor(r["logprobs"])).abs().max())
-        for b, r in zip(base[:3], results, strict=True)
+        for b, r in zip(base[:3], results[:3], strict=True)
     )
     assert gap > 1e-3
     learner.engine.destroy()
