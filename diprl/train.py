@@ -219,7 +219,6 @@ class Counters:
     results: int = 0
     failed_matches: int = 0
     evaluations: int = 0
-    next_match_index: int = 0
     minutes: float = 0.0
 
 

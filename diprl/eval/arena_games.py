@@ -71,7 +71,13 @@ def play_game(
         for issue in record.issues:
             issues[issue.power] += 1
             kinds[issue.kind.value] += 1
-    seconds = time.perf_counter() - start
+    return game_record(game, phases, issues, kinds, time.perf_counter() - start)
+
+
+def game_record(
+    game: DiplomacyGame, phases: int, issues: Mapping[str, int], kinds: Mapping[str, int], seconds: float
+) -> GameRecord:
+    """The record of a finished game: its score, where it stopped and the order issues counted on the way."""
     score = score_game(game)
     last_phase = game.history[-1].name if game.history else game.phase
     return GameRecord(
@@ -84,7 +90,7 @@ def play_game(
         phases=phases,
         last_phase=last_phase,
         final_year=int(last_phase[1:5]),
-        issues={power: issues[power] for power in game.powers},
+        issues={power: issues.get(power, 0) for power in game.powers},
         issue_kinds=dict(sorted(kinds.items())),
         seconds=seconds,
     )

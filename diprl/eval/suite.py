@@ -30,12 +30,11 @@ from typing import Any
 from diprl.bots import make_agent
 from diprl.bots.base import Agent, seat_seed
 from diprl.eval.arena import SEED_STRIDE, check_max_year, game_seed, standard_powers
-from diprl.eval.arena_games import CATEGORIES, Category, GameRecord, categorize
+from diprl.eval.arena_games import CATEGORIES, Category, categorize, game_record
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
 from diprl.eval.refs import check_policy_ref, is_llm
 from diprl.eval.stats import mean_summary, rate_summary
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame, PhaseRecord
-from diprl.game.scoring import score_game
 from diprl.rollout.clients import PolicyClient
 from diprl.rollout.types import bot_name
 
@@ -218,22 +217,7 @@ class _Table:
 
     def result(self) -> PlayedGame:
         spec, game = self.spec, self.game
-        score = score_game(game)
-        last_phase = game.history[-1].name if game.history else game.phase
-        record = GameRecord(
-            centres=dict(score.centres),
-            units=dict(score.units),
-            ranks=dict(score.ranks),
-            sum_of_squares=dict(score.sum_of_squares),
-            solo=score.solo,
-            eliminated=score.eliminated,
-            phases=self.phases,
-            last_phase=last_phase,
-            final_year=int(last_phase[1:5]),
-            issues={p: self.issues[p] for p in game.powers},
-            issue_kinds={},
-            seconds=0.0,
-        )
+        record = game_record(game, self.phases, self.issues, {}, 0.0)
         behaviour: BehaviourCounts = self.tracker.finish(game)
         llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
         return PlayedGame(
@@ -242,18 +226,18 @@ class _Table:
             seed=spec.seed,
             hero_power=spec.hero,
             seats=dict(spec.seats),
-            hero_centres=score.centres[spec.hero],
-            hero_units=score.units[spec.hero],
-            hero_rank=score.ranks[spec.hero],
-            hero_sum_of_squares=score.sum_of_squares[spec.hero],
-            solo_winner=score.solo,
+            hero_centres=record.centres[spec.hero],
+            hero_units=record.units[spec.hero],
+            hero_rank=record.ranks[spec.hero],
+            hero_sum_of_squares=record.sum_of_squares[spec.hero],
+            solo_winner=record.solo,
             category=categorize(record, spec.hero).value,
             phases=self.phases,
-            last_phase=last_phase,
+            last_phase=record.last_phase,
             final_year=record.final_year,
-            centres=dict(score.centres),
-            ranks=dict(score.ranks),
-            hero_centres_by_year=[*self.by_year, score.centres[spec.hero]],
+            centres=dict(record.centres),
+            ranks=dict(record.ranks),
+            hero_centres_by_year=[*self.by_year, record.centres[spec.hero]],
             issues=dict(record.issues),
             behaviour=behaviour.to_dict(),
             llm={k: self.llm[k] for k in llm_keys},

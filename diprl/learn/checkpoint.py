@@ -11,7 +11,6 @@ with the reason (missing manifest, file missing, size or hash mismatch).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diprl.atomic_io import fsync_dir
+from diprl.atomic_io import fsync_dir, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +36,6 @@ _STALE_TMP_S = 3600.0
 
 class CorruptCheckpoint(ValueError):
     """A checkpoint directory that does not match its manifest (or has none)."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _files(directory: Path) -> list[Path]:
@@ -100,7 +91,7 @@ class CheckpointDir:
         tmp.mkdir()
         try:
             write(tmp)
-            files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(tmp)}
+            files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _files(tmp)}
             manifest = {"format": FORMAT, "step": step, "meta": meta, "files": files}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
             _fsync_tree(tmp)
@@ -142,7 +133,7 @@ class CheckpointDir:
                 raise CorruptCheckpoint(f"{path}: {rel} is missing") from None
             if size != meta.get("size"):
                 raise CorruptCheckpoint(f"{path}: {rel} has {size} bytes, the manifest says {meta.get('size')}")
-            if _sha256(file) != meta.get("sha256"):
+            if sha256_file(file) != meta.get("sha256"):
                 raise CorruptCheckpoint(f"{path}: {rel} does not match the SHA-256 in the manifest")
         return Checkpoint(path, int(manifest["step"]), dict(manifest.get("meta") or {}))
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from diprl.atomic_io import fsync_dir
+from diprl.atomic_io import fsync_dir, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -209,17 +209,9 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _write_stamp(directory: Path, key: str) -> None:
     files = {
-        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": _sha256_file(p)}
+        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != STAMP_FILE
     }
@@ -242,7 +234,7 @@ def verify_cached_dir(directory: Path, key: str) -> bool:
             return False
         for name, meta in stamp["files"].items():
             path = directory / name
-            if path.stat().st_size != meta["size"] or _sha256_file(path) != meta["sha256"]:
+            if path.stat().st_size != meta["size"] or sha256_file(path) != meta["sha256"]:
                 logger.warning("cached file %s does not match its stamp; rebuilding %s", path, directory)
                 return False
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -406,7 +398,7 @@ def tokenizer_fingerprint() -> str:
             "pattern": QWEN_SPLIT_PATTERN,
             "added": QWEN3_ADDED_TOKENS,
             "config": _tokenizer_config(),
-            "ranks_sha256": _sha256_file(qwen_tiktoken_file()),
+            "ranks_sha256": sha256_file(qwen_tiktoken_file()),
         }
     )
 
