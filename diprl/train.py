@@ -472,8 +472,15 @@ class Driver:
                 self.versions[policy] = str(version)
                 ray.get(self.league.register_version.remote(policy, version, self.steps[policy]))
         if policy == "main" and self.steps[policy] % 5 == 0:
-            self.rating = _rating_of(ray.get(self.league.summary.remote()), self.versions.get("main"))
+            self.rating = self._main_rating()
         save_counters(self.run_dir, self.counters)
+
+    def _main_rating(self) -> float | None:
+        """The league's rating of main's current version (None before it has one)."""
+        import ray
+
+        version = self.versions.get("main")
+        return None if version is None else ray.get(self.league.rating.remote(version))
 
     def _eval_done(self, ref: Any, version: str, step: int) -> None:
         import ray
@@ -553,7 +560,7 @@ class Driver:
             ray.get(learner.save_checkpoint.remote())
         summary = ray.get(self.league.summary.remote())
         (self.run_dir / "league_summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        self.rating = _rating_of(summary, self.versions.get("main"))
+        self.rating = self._main_rating()
         self.tracker.log("league", {"league/rating": self.rating} if self.rating is not None else {})
         save_counters(self.run_dir, self.counters)
         self.tracker.close()
@@ -562,14 +569,6 @@ class Driver:
             self.run_dir / "plots" / "learning_curves.png",
             title=f"{self.config.experiment}: {self.run_dir.name}",
         )
-
-
-def _rating_of(summary: dict[str, Any], version: str | None) -> float | None:
-    """openskill mu - 3 sigma of the pool member that plays `version` (None if it is not rated)."""
-    for row in summary.get("pool", []):
-        if version is not None and row.get("ref") == version:
-            return float(row["rating"])
-    return None
 
 
 def _tracker(run_dir: Path, config: Config, use_wandb: bool) -> Any:

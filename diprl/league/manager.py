@@ -165,6 +165,19 @@ class LeagueManager:
             raise RuntimeError(f"{policy} has no version yet: register_version({policy!r}, ...) first")
         return str(role["current"])
 
+    def rating(self, ref: str) -> float | None:
+        """openskill ordinal (mu - 3 sigma) of the pool member that plays `ref`, or None if none does.
+
+        Cheap on purpose (no payoff matrix, no Nash solve): the training driver asks it every few
+        learner steps for the progress line.
+        """
+        for key, member in self.members.items():
+            if member.kind == LEARNER and self.roles[key]["current"] is None:
+                continue
+            if self._ref_of(key) == ref:
+                return float(self.ratings.get(key).ordinal)
+        return None
+
     def summary(self) -> dict[str, Any]:
         """What the progress line and the README show: pool, payoff, ratings, Nash weights, counts.
 

@@ -215,3 +215,14 @@ def test_self_play_matches_are_reported_whatever_the_hero_power(tmp_path: Path) 
         assert set(match.seats.values()) == {"main@v1"}
         manager.report(hero_wins(match))
     assert manager.summary()["reported"]["matches"] == 7
+
+
+def test_rating_of_a_ref_matches_the_summary_without_solving_nash(tmp_path: Path) -> None:
+    manager = league(tmp_path, anchors=["bot:dumbbot"], main=ONLY_ANCHORS)
+    for _ in range(3):
+        manager.report(hero_wins(manager.next_match("main")))
+    rows = {row["ref"]: row["rating"] for row in manager.summary()["pool"] if row["ref"]}
+    assert manager.rating("main@v1") == pytest.approx(rows["main@v1"])
+    assert manager.rating("bot:dumbbot") == pytest.approx(rows["bot:dumbbot"])
+    assert manager.rating("main@v1") > manager.rating("bot:dumbbot")  # main won every match
+    assert manager.rating("main@v9") is None
