@@ -210,11 +210,11 @@ def _lines_inside_blocks(blocks: list[Block], lines: list[str]) -> set[int]:
     return inside
 
 
-def _strip_comment(line: str) -> str:
-    """`line` without a trailing shell comment (a `#` at a word start, outside quotes)."""
+def _unquoted(text: str) -> Iterator[tuple[int, str]]:
+    """(index, character) of every character of `text` outside shell quotes and escapes."""
     quote: str | None = None
     escaped = False
-    for k, ch in enumerate(line):
+    for k, ch in enumerate(text):
         if escaped:
             escaped = False
         elif ch == "\\" and quote != "'":
@@ -224,28 +224,21 @@ def _strip_comment(line: str) -> str:
                 quote = None
         elif ch in "'\"":
             quote = ch
-        elif ch == "#" and (k == 0 or line[k - 1].isspace()):
+        else:
+            yield k, ch
+
+
+def _strip_comment(line: str) -> str:
+    """`line` without a trailing shell comment (a `#` at a word start, outside quotes)."""
+    for k, ch in _unquoted(line):
+        if ch == "#" and (k == 0 or line[k - 1].isspace()):
             return line[:k].rstrip()
     return line.rstrip()
 
 
 def _first_operator(command: str) -> int:
     """Index of the first top-level `|`, `&` or `;` (where appended arguments must go before), else len."""
-    quote: str | None = None
-    escaped = False
-    for k, ch in enumerate(command):
-        if escaped:
-            escaped = False
-        elif ch == "\\" and quote != "'":
-            escaped = True
-        elif quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "|&;":
-            return k
-    return len(command)
+    return next((k for k, ch in _unquoted(command) if ch in "|&;"), len(command))
 
 
 def shell_commands(code: str) -> list[str]:
