@@ -21,7 +21,7 @@ import os
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -361,7 +361,7 @@ def generate(config: TeacherConfig, tokenizer: Any, table: TokenTable, progress:
         examples = []
         for placeholder in chosen:
             decision = pools[split][index_of[id(placeholder)]]
-            example = _tokenize(decision, split, bot, tokenizer, table, config.max_prompt_tokens)
+            example = _tokenize(placeholder, decision, tokenizer, table, config.max_prompt_tokens)
             if example is None:
                 skipped += 1
                 continue
@@ -381,6 +381,7 @@ def generate(config: TeacherConfig, tokenizer: Any, table: TokenTable, progress:
 
 
 def _placeholder(decision: _Decision, split: str, bot: str) -> TeacherExample:
+    """The example without its tokens: what stratified sampling needs, at no tokenizer cost."""
     return TeacherExample(
         game=decision.game,
         game_seed=decision.game_seed,
@@ -397,25 +398,20 @@ def _placeholder(decision: _Decision, split: str, bot: str) -> TeacherExample:
 
 
 def _tokenize(
-    decision: _Decision, split: str, bot: str, tokenizer: Any, table: TokenTable, max_prompt_tokens: int
+    placeholder: TeacherExample, decision: _Decision, tokenizer: Any, table: TokenTable, max_prompt_tokens: int
 ) -> TeacherExample | None:
+    """The kept placeholder with its prompt and teacher completion tokenized (None if the prompt is too long)."""
     # Same call the PolicyServer makes on the prompt text (no BOS for Qwen; chat markup parsed as specials).
     prompt_ids = [int(i) for i in tokenizer.encode(decision.prompt)]
     if len(prompt_ids) > max_prompt_tokens:
         return None
     lines = ordered_lines(decision.legal, decision.orders)
-    return TeacherExample(
-        game=decision.game,
-        game_seed=decision.game_seed,
-        split=split,
-        power=decision.power,
-        phase=decision.phase,
-        kind=decision.kind,
+    return replace(
+        placeholder,
         prompt_ids=prompt_ids,
         completion_ids=teacher_completion(decision.legal, lines, tokenizer, table),
         legal=decision.legal.to_dict(),
         orders=lines,
-        teacher=bot,
     )
 
 
