@@ -129,20 +129,25 @@ def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence
 
 
 def warm_start_adapter(out: Path, steps: int = 200) -> str:
-    """Imitation of DumbBot (once per benchmark run): the adapter directory the learner starts from."""
+    """Imitation of DumbBot (once per output directory): the adapter directory the learner starts from.
+
+    The imitation report names the trained version; without a report (none yet, or a run that
+    stopped part-way, whose store may hold only the learner's untrained first version) it trains.
+    """
     from diprl.inference.adapters import AdapterStore
     from diprl.learn.imitate import ImitateConfig
     from diprl.learn.imitate import run as imitate
 
     adapters = out / "adapters"
-    store = AdapterStore(adapters)
-    if store.latest("imitation") is None:
-        imitate(
-            ImitateConfig(teacher="dumbbot", policy="imitation", steps=steps, out=str(out), adapter_root=str(adapters))
+    report_path = out / "imitate_report.json"
+    if report_path.is_file():
+        version = str(json.loads(report_path.read_text())["version"])
+    else:
+        config = ImitateConfig(
+            teacher="dumbbot", policy="imitation", steps=steps, out=str(out), adapter_root=str(adapters)
         )
-    latest = store.latest("imitation")
-    assert latest is not None
-    return str(store.resolve(latest.name).path)
+        version = str(imitate(config)["version"])
+    return str(AdapterStore(adapters).resolve(version).path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

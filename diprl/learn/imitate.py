@@ -11,13 +11,11 @@ held-out games, before and after. Agreement is measured on the policy's own gree
 decode (torch, under the same masks), i.e. on what the PolicyServer would play at temperature 0,
 not on teacher-forced likelihoods.
 
-Training goes through one narrow interface, `RecordTrainer` (`train_records(records, "bc")` and
-`publish()`), which the learner's `Learner` also implements: `trainer=learner` trains through
-`Learner.train_records(records, objective="bc")` (DeepSpeed ZeRO-2, the GRPO learner's own masked
-recompute; it publishes the untrained LoRA as the first version on construction, so the warm start
-is the next one). `trainer=local` (the default) is `LocalBCTrainer` below: the same masked NLL with
-plain AdamW in this process, which starts in a second instead of DeepSpeed's engine set-up. Either
-way the "after" agreement is measured on the published version loaded back from the store.
+Training is the learner's own: `Learner.train_records(records, objective="bc")` in this process
+(DeepSpeed ZeRO-2 and the GRPO learner's masked recompute, so imitation and RL share one code path
+for masks, micro-batching, optimiser and publishing). The learner publishes the untrained LoRA as
+the policy's first version on construction, so the warm start is the next one. The "after" agreement
+is measured on the published version loaded back from the store.
 """
 
 from __future__ import annotations
@@ -31,8 +29,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
-
-import numpy as np
 
 from diprl.game import PowerOrders
 from diprl.learn.teacher import (
@@ -49,8 +45,6 @@ from diprl.learn.teacher import (
 )
 from diprl.policy.constraint import CLOSE_TAG, OrderConstraint
 from diprl.policy.vocab import TokenTable
-
-TRAINERS = ("local", "learner")
 
 
 class ConfigError(ValueError):
@@ -78,7 +72,6 @@ class ImitateConfig:
     out: str = "runs/imitate"  # run directory: teacher shards, metrics, report
     adapter_root: str = "runs/adapters"  # the AdapterStore the PolicyServer serves from
     reuse_data: bool = False  # read <out>/teacher instead of playing the games again
-    trainer: str = "local"  # local: LocalBCTrainer; learner: diprl.learn.Learner (DeepSpeed ZeRO-2)
     eval_batch_size: int = 16
     # torch threads. 1 by default: on a shared 2-core machine two OpenMP threads spin-wait on each
     # other and a step ran 10x slower than with one (measured); 0 leaves torch's default.
@@ -96,8 +89,6 @@ class ImitateConfig:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
         if not self.lr > 0:
             problems.append(f"lr must be positive, got {self.lr}")
-        if self.trainer not in TRAINERS:
-            problems.append(f"trainer must be one of {TRAINERS}, got {self.trainer!r}")
         if self.threads < 0:
             problems.append(f"threads must be >= 0, got {self.threads}")
         if problems:
@@ -179,135 +170,15 @@ def load_policy_model(preset_name: str, init: str | Path | None = None) -> tuple
     return model, tokenizer, table, str(path)
 
 
-def _parts(model: Any) -> tuple[Any, Any]:
-    """(the decoder stack, the LM head) of a PEFT-wrapped causal LM: LoRA layers live inside the
-    stack, so running it alone computes the adapted hidden states without the full-vocabulary
-    logits of every prompt position."""
-    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return causal.model, causal.get_output_embeddings()
-
-
 # --------------------------------------------------------------------------------- training
 
 
-def masks_of(record: dict[str, Any], table: TokenTable) -> list[np.ndarray]:
-    """The constraint's allowed ids before each completion token (rebuilt from the stored legal orders)."""
-    constraint = OrderConstraint(PowerOrders.from_dict(record["legal"]), table)
-    return constraint.masks_for(record["completion_ids"])
-
-
-def bc_nll(
-    model: Any,
-    records: Sequence[dict[str, Any]],
-    table: TokenTable,
-    masks: Sequence[Sequence[np.ndarray]] | None = None,
-) -> tuple[Any, int]:
-    """Summed masked NLL of the completion tokens of `records` and the number of tokens.
-
-    Each record is one forward (no padding): prompt + completion minus its last token, hidden
-    states of the completion positions only through the LM head, masked log-softmax at
-    temperature 1 (`constrained_logprobs`). Tokens the mask forces (one allowed id) contribute 0.
-    """
-    import torch
-
-    from diprl.policy.logprobs import constrained_logprobs
-
-    stack, head = _parts(model)
-    device = next(model.parameters()).device
-    total = torch.zeros((), device=device)
-    n_tokens = 0
-    for i, record in enumerate(records):
-        prompt, completion = list(record["prompt_ids"]), list(record["completion_ids"])
-        allowed = masks[i] if masks is not None else masks_of(record, table)
-        ids = torch.tensor([prompt + completion[:-1]], device=device)
-        hidden = stack(input_ids=ids).last_hidden_state[0, len(prompt) - 1 :]
-        logits = head(hidden)
-        logp = constrained_logprobs(logits, allowed, torch.tensor(completion, device=device), 1.0)
-        total = total - logp.sum()
-        n_tokens += len(completion)
-    return total, n_tokens
-
-
 class RecordTrainer(Protocol):
-    """What imitation needs from a trainer (`diprl.learn.Learner` has the same two methods)."""
+    """What behaviour cloning needs from a trainer (`diprl.learn.Learner` is the one used)."""
 
     def train_records(self, records: list[dict[str, Any]], objective: str = "bc") -> dict[str, Any]: ...
 
     def publish(self) -> str: ...
-
-
-class LocalBCTrainer:
-    """Behaviour cloning of a LoRA adapter in this process: AdamW on the token-mean masked NLL.
-
-    One `train_records` call is one optimiser step over the given records, as for the learner.
-    """
-
-    def __init__(
-        self,
-        model: Any,
-        table: TokenTable,
-        *,
-        policy: str,
-        adapter_root: str | Path,
-        base_model: str,
-        lr: float,
-        weight_decay: float = 0.0,
-        max_grad_norm: float = 1.0,
-    ) -> None:
-        import torch
-
-        self.model = model
-        self.table = table
-        self.policy = policy
-        self.adapter_root = Path(adapter_root)
-        self.base_model = base_model
-        self.max_grad_norm = max_grad_norm
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
-            raise ValueError("the model has no trainable parameters (expected a LoRA adapter)")
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
-        self.step = 0
-        self._masks: dict[int, list[np.ndarray]] = {}
-
-    def train_records(self, records: list[dict[str, Any]], objective: str = "bc") -> dict[str, Any]:
-        import torch
-
-        if objective != "bc":
-            raise ValueError(f"LocalBCTrainer trains only objective='bc', got {objective!r}")
-        if not records:
-            raise ValueError("train_records needs at least one record")
-        start = time.perf_counter()
-        self.model.train()
-        masks = [self._mask_cache(r) for r in records]
-        self.optimizer.zero_grad(set_to_none=True)
-        total, n_tokens = bc_nll(self.model, records, self.table, masks)
-        loss = total / n_tokens
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
-        self.optimizer.step()
-        self.step += 1
-        return {
-            "step": self.step,
-            "loss": float(loss.detach()),
-            "grad_norm": grad_norm,
-            "tokens": n_tokens,
-            "records": len(records),
-            "seconds": time.perf_counter() - start,
-            "published": None,
-        }
-
-    def _mask_cache(self, record: dict[str, Any]) -> list[np.ndarray]:
-        key = id(record)
-        if key not in self._masks:
-            self._masks[key] = masks_of(record, self.table)
-        return self._masks[key]
-
-    def publish(self) -> str:
-        from diprl.inference.adapters import AdapterStore
-
-        self.model.eval()
-        ref = AdapterStore(self.adapter_root).publish(self.policy, self.model, base_model=self.base_model)
-        return ref.name
 
 
 # ------------------------------------------------------------------------------ agreement
@@ -475,33 +346,22 @@ def teacher_data(config: ImitateConfig, tokenizer: Any, table: TokenTable, run_d
     return data
 
 
-def make_trainer(config: ImitateConfig, model: Any, table: TokenTable, base_path: str, run_dir: Path) -> RecordTrainer:
-    """The trainer `config.trainer` names; both publish to `config.adapter_root` under `config.policy`."""
-    if config.trainer == "learner":
-        from diprl.learn.config import LearnerConfig
-        from diprl.learn.learner import Learner
+def make_learner(config: ImitateConfig, run_dir: Path) -> Any:
+    """The policy's learner in this process; it publishes `config.policy`'s untrained first version."""
+    from diprl.learn.config import LearnerConfig
+    from diprl.learn.learner import Learner
 
-        learner_config = LearnerConfig(
-            policy=config.policy,
-            model=config.model,
-            lr=config.lr,
-            weight_decay=config.weight_decay,
-            max_grad_norm=config.max_grad_norm,
-            publish_every=config.steps + 1,  # one version at the end: `run` publishes it
-            checkpoint_every=0,
-            seed=config.seed,
-        )
-        return Learner(learner_config, run_dir, config.adapter_root)
-    return LocalBCTrainer(
-        model,
-        table,
+    learner_config = LearnerConfig(
         policy=config.policy,
-        adapter_root=config.adapter_root,
-        base_model=base_path,
+        model=config.model,
         lr=config.lr,
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
+        publish_every=config.steps + 1,  # one version at the end: `run` publishes it
+        checkpoint_every=0,
+        seed=config.seed,
     )
+    return Learner(learner_config, run_dir, config.adapter_root)
 
 
 def run(config: ImitateConfig) -> dict[str, Any]:
@@ -514,7 +374,12 @@ def run(config: ImitateConfig) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    model, tokenizer, table, base_path = load_policy_model(config.model)
+    from diprl.policy.models import load_preset, resolve_model_path
+    from diprl.policy.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_model_path(load_preset(config.model)))
+    learner = make_learner(config, run_dir)
+    table = learner.table
     data = teacher_data(config, tokenizer, table, run_dir)
     if not data.train or not data.heldout:
         raise TeacherError(f"teacher data has {len(data.train)} train and {len(data.heldout)} held-out examples")
@@ -522,10 +387,9 @@ def run(config: ImitateConfig) -> dict[str, Any]:
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    before = evaluate_agreement(model, data.heldout, table, config.eval_batch_size)
+    before = evaluate_agreement(learner.peft, data.heldout, table, config.eval_batch_size)
     timings["eval_before_s"] = time.perf_counter() - start
 
-    trainer = make_trainer(config, model, table, base_path, run_dir)
     metrics_path = run_dir / "imitate_metrics.jsonl"
     start = time.perf_counter()
     with open(metrics_path, "w", encoding="utf-8") as log, _progress(config.steps, "bc steps", config.quiet) as bar:
@@ -536,9 +400,9 @@ def run(config: ImitateConfig) -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}")
 
-        history = train_bc(trainer, records, config.steps, config.batch_size, config.seed, on_step)
+        history = train_bc(learner, records, config.steps, config.batch_size, config.seed, on_step)
     timings["train_s"] = time.perf_counter() - start
-    version = trainer.publish()
+    version = learner.publish()
 
     start = time.perf_counter()
     from diprl.inference.adapters import AdapterStore

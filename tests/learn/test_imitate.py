@@ -15,13 +15,13 @@ from diprl.inference.adapters import AdapterStore
 from diprl.learn.imitate import (
     ConfigError,
     ImitateConfig,
-    LocalBCTrainer,
     agreement,
     completion_orders,
     evaluate_agreement,
     greedy_decode,
     load_policy_model,
     main,
+    make_learner,
     parse_args,
     train_bc,
 )
@@ -279,37 +279,37 @@ def test_bad_keys_values_and_teachers_are_clear_errors(capsys: pytest.CaptureFix
 # ---------------------------------------------------------------------------------- learning
 
 
-def test_behaviour_cloning_raises_agreement_on_a_fixed_set(
-    data: TeacherData, tmp_path: Path, tok: tuple[Any, TokenTable]
-) -> None:
-    """Eight steps on six fixed decisions (three movement, three builds): the tiny model's greedy
-    decode moves towards the teacher's, and the published version is the adapter that was trained."""
+def test_behaviour_cloning_raises_agreement_on_a_fixed_set(data: TeacherData, tmp_path: Path) -> None:
+    """Eight learner steps (objective='bc') on six fixed decisions (three movement, three builds): the
+    tiny model's greedy decode moves towards the teacher's, and the published version is the adapter
+    that was trained."""
     import torch
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
     movement = [e for e in data.train if e.kind == "movement"]
     fixed = movement[:3] + [e for e in data.train if e.kind == "build"][:3]
-    model, _, table, base = load_policy_model("tiny")
-    before = evaluate_agreement(model, fixed, table)
-    trainer = LocalBCTrainer(model, table, policy="bc", adapter_root=tmp_path / "adapters", base_model=base, lr=1e-2)
-    history = train_bc(trainer, [e.to_training_record() for e in fixed], steps=8, batch_size=6, seed=0)
-    after = evaluate_agreement(model, fixed, table)
+    config = parse_args(["policy=bc", "lr=1e-2", "steps=8", f"adapter_root={tmp_path / 'adapters'}"])
+    learner = make_learner(config, tmp_path / "run")
+    table = learner.table
+    before = evaluate_agreement(learner.peft, fixed, table)
+    history = train_bc(learner, [e.to_training_record() for e in fixed], steps=8, batch_size=6, seed=0)
+    after = evaluate_agreement(learner.peft, fixed, table)
+    assert all(m["objective"] == "bc" and m["trained"] == 1 for m in history)
     assert history[-1]["loss"] < history[0]["loss"]
     assert after.per_unit > before.per_unit + 0.15, (before, after)
     assert after.incomplete == 0
-    assert trainer.publish() == "bc@v1"
-    published = AdapterStore(tmp_path / "adapters").resolve("bc@v1")
+    assert learner.publish() == "bc@v2"  # v1: the untrained LoRA the learner published on construction
+    published = AdapterStore(tmp_path / "adapters").resolve("bc@v2")
     assert published.rank == 8
     # The published files are the trained adapter: loaded afresh, they decode exactly as the model did.
     reloaded, _, _, _ = load_policy_model("tiny", init=published.path)
-    assert greedy_decode(reloaded, fixed, table) == greedy_decode(model, fixed, table)
+    assert greedy_decode(reloaded, fixed, table) == greedy_decode(learner.peft, fixed, table)
 
 
 @pytest.mark.slow
 def test_imitation_end_to_end_through_the_learner(tmp_path: Path) -> None:
-    """The CLI path with `trainer=learner`: teacher shards written, DeepSpeed learner trained with
-    objective='bc', the warm start published after the learner's untrained first version."""
+    """The CLI path: teacher shards written, DeepSpeed learner trained with objective='bc', the warm
+    start published after the learner's untrained first version."""
     from diprl.learn.imitate import run
 
     config = parse_args(
@@ -320,7 +320,6 @@ def test_imitation_end_to_end_through_the_learner(tmp_path: Path) -> None:
             "heldout_examples=4",
             "steps=2",
             "batch_size=4",
-            "trainer=learner",
             f"out={tmp_path / 'run'}",
             f"adapter_root={tmp_path / 'adapters'}",
             "quiet=true",
