@@ -34,6 +34,9 @@ NOISY_LOGGERS = (
     "wandb",
 )
 
+# Modules whose FutureWarnings (one library about another's API) are hidden unless verbose.
+_LIBRARY_MODULES = r"(vllm|torch|transformers|peft|deepspeed|ray)(\.|$)"
+
 # Environment variables read by the libraries (and their subprocesses) when they start: quiet values,
 # then the verbose ones. Set only when the user has not set them, so an explicit choice always wins.
 _QUIET_ENV = {
@@ -55,8 +58,8 @@ def quiet_libraries(verbose: bool = False) -> None:
     """Set the library loggers to WARNING (INFO with `verbose`) and the matching environment defaults.
 
     Call it before the libraries start and again after importing Ray Serve, which installs its own
-    INFO-level logger on import. Without `verbose`, deprecation warnings from the libraries are
-    hidden too; a real warning from our code (UserWarning and the like) still shows.
+    INFO-level logger on import. Without `verbose`, deprecation warnings (and the libraries'
+    FutureWarnings about each other's APIs) are hidden too; other warnings still show.
     """
     if verbose:  # undo an earlier quiet call in this process; a value the user chose stays
         for key, value in _QUIET_ENV.items():
@@ -70,6 +73,8 @@ def quiet_libraries(verbose: bool = False) -> None:
     if not verbose:
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*Pydantic.*")
+        # API changes inside the libraries (vLLM calling a deprecated torch name): nothing a user can act on.
+        warnings.filterwarnings("ignore", category=FutureWarning, module=_LIBRARY_MODULES)
 
 
 def ray_init_options(verbose: bool = False) -> dict[str, Any]:

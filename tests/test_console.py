@@ -52,6 +52,16 @@ def test_a_level_the_user_chose_is_kept(restore_loggers: None, monkeypatch: pyte
     assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
 
 
+def test_quiet_hides_library_future_warnings_but_not_ours(restore_loggers: None) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        console.quiet_libraries(verbose=False)  # its filters go on top of "always"
+        warnings.warn_explicit("reduce_op is deprecated", FutureWarning, "dispatcher.py", 1, module="vllm.triton")
+        warnings.warn_explicit("our own", FutureWarning, "suite.py", 1, module="diprl.eval.suite")
+        warnings.warn_explicit("a user-facing problem", UserWarning, "x.py", 1, module="vllm.x")
+    assert sorted(str(w.message) for w in caught) == ["a user-facing problem", "our own"]
+
+
 def test_ray_keeps_actor_output_off_the_terminal_unless_verbose() -> None:
     assert console.ray_init_options(False) == {"logging_level": logging.WARNING, "log_to_driver": False}
     assert console.ray_init_options(True) == {"logging_level": logging.INFO, "log_to_driver": True}
