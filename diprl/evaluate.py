@@ -107,6 +107,8 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
 
     quiet_libraries(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
     server = replace(load_server_config(config.server), adapter_root=str(Path(config.adapters).resolve()))
+    if config.verbose:
+        server = replace(server, log_level="INFO")  # the replicas' vLLM and Serve logs too
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(
@@ -119,8 +121,11 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
         serve_policy(server)
         yield ServeClient(app_name=server.name, deployment=server.name)
     finally:
+        # Delete the application rather than `serve.shutdown()`: killing the Serve controller makes Ray
+        # print a "(raylet) Task ServeController... failed" line for every call still waiting on it;
+        # ray.shutdown() stops the controller with the rest of this local cluster.
         with contextlib.suppress(Exception):
-            serve.shutdown()
+            serve.delete(server.name)
         ray.shutdown()
 
 

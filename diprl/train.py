@@ -287,6 +287,7 @@ class Driver:
             adapter_cache=str((self.run_dir / ".adapter_cache").resolve()),
             adapter_registry=None,
             name=SERVE_APP,
+            log_level="INFO" if self.verbose else cfg.inference.log_level,  # the replicas' vLLM and Serve logs
         )
         self.server = serve_policy(server_config)
         self.serve = serve

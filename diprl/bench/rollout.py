@@ -132,7 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             with progress_bar(3, "tiny model: starting the PolicyServer", enabled, "stage") as bar:
                 quiet_libraries(args.verbose)  # again: importing Ray Serve installs its own INFO-level logger
                 serve_policy(
-                    ServerConfig(model="tiny", adapter_root=str(run_dir / "adapters"), adapter_cache=str(run_dir / "c"))
+                    ServerConfig(
+                        model="tiny",
+                        adapter_root=str(run_dir / "adapters"),
+                        adapter_cache=str(run_dir / "c"),
+                        log_level="INFO" if args.verbose else "WARNING",
+                    )
                 )
                 bar.update()
                 bar.set_description("tiny model: warm-up match")
