@@ -4,8 +4,9 @@
 
 A thin command over `diprl.eval.arena` (where the games, seeding and report live). Bad arguments
 (an unknown bot, a year before the game starts, a report path that cannot be written) are usage
-errors before any game is played. The last line, `hero_solo_rate=<x> hero_mean_sc=<y>`, is meant
-for scripts and CI. For LLM policies and the full benchmark report use `python -m diprl.evaluate`.
+errors before any game is played. A progress bar goes to stderr when it is a terminal (`--quiet`:
+none). The last line, `hero_solo_rate=<x> hero_mean_sc=<y>`, is meant for scripts and CI. For LLM
+policies and the full benchmark report use `python -m diprl.evaluate`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries
 from diprl.eval.arena import (
     AgentFactory,
     ArenaConfig,
@@ -56,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="base seed; game i uses seed*100003+i")
     parser.add_argument("--workers", type=_positive, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the report as JSON")
-    parser.add_argument("--quiet", action="store_true", help="print only the final summary line")
+    parser.add_argument("--quiet", action="store_true", help="print only the final summary line (no progress bar)")
+    add_console_flags(parser, quiet=False)
     return parser
 
 
@@ -79,16 +82,16 @@ def main(argv: Sequence[str] | None = None, *, agent_factory: AgentFactory | Non
             check_writable(args.json)
         except OSError as exc:
             parser.error(f"--json: {exc}")
+    quiet_libraries(args.verbose)
     config = ArenaConfig(args.hero, args.opponents, args.games, args.max_year, args.seed, args.workers)
 
-    step = max(1, config.games // 10)
-
-    def progress(done: int, total: int) -> None:
-        if done % step == 0 or done == total:
-            print(f"  {done}/{total} games", file=sys.stderr, flush=True)
-
     start = time.perf_counter()
-    games = run_arena(config, factory, progress=None if args.quiet else progress)
+    with progress_bar(config.games, f"{config.hero} vs {config.opponents}", bar_enabled(args.quiet), "game") as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.update(done - bar.n)
+
+        games = run_arena(config, factory, progress=progress)
     summary = summarize(config, games, time.perf_counter() - start)
     if args.json is not None:
         try:

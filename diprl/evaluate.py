@@ -14,13 +14,13 @@ value or an unknown PolicyRef is an error (exit status 2).
 
 Writes `report.json` and PNG plots to `out` (replays under `out/replays/` with `replays=N`),
 prints the report, and ends with the line `hero_solo_rate=<x> hero_mean_sc=<y>`. A progress bar
-goes to stderr; library logs stay at WARNING unless `verbose=true`.
+goes to stderr when it is a terminal (`progress=false`: none); library logs stay at WARNING unless
+`verbose=true` (see `diprl.console`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from diprl.console import quiet_libraries, ray_init_options
 from diprl.eval.arena import check_writable
 from diprl.eval.config import EvaluateConfig, load_evaluate_config, option_help
 from diprl.eval.refs import BASE, check_published, is_llm
@@ -35,7 +36,6 @@ from diprl.eval.suite import SuiteConfig
 from diprl.rollout.clients import PolicyClient
 
 PROG = "python -m diprl.evaluate"
-NOISY_LOGGERS = ("ray", "ray.serve", "ray.data", "vllm", "transformers", "torch", "filelock", "urllib3", "httpx")
 
 
 @dataclass
@@ -95,14 +95,6 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
     return plan
 
 
-def quiet_logs(verbose: bool) -> None:
-    """Library loggers at WARNING (INFO with `verbose`): the report, not Ray's start-up chatter."""
-    level = logging.INFO if verbose else logging.WARNING
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(level)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
-
-
 @contextlib.contextmanager
 def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     """A local Ray (loopback) with the PolicyServer serving `config.adapters`, torn down afterwards."""
@@ -113,23 +105,27 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     from diprl.inference.server import serve_policy
     from diprl.rollout.clients import ServeClient
 
-    quiet_logs(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
+    quiet_libraries(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
     server = replace(load_server_config(config.server), adapter_root=str(Path(config.adapters).resolve()))
+    if config.verbose:
+        server = replace(server, log_level="INFO")  # the replicas' vLLM and Serve logs too
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(
         num_cpus=config.ray_cpus or None,
         include_dashboard=False,
-        logging_level=logging.INFO if config.verbose else logging.WARNING,
-        log_to_driver=config.verbose,
+        **ray_init_options(config.verbose),
     )
     try:
         print(f"starting the PolicyServer ({config.server}, adapters {server.adapter_root})", file=sys.stderr)
         serve_policy(server)
         yield ServeClient(app_name=server.name, deployment=server.name)
     finally:
+        # Delete the application rather than `serve.shutdown()`: killing the Serve controller makes Ray
+        # print a "(raylet) Task ServeController... failed" line for every call still waiting on it;
+        # ray.shutdown() stops the controller with the rest of this local cluster.
         with contextlib.suppress(Exception):
-            serve.shutdown()
+            serve.delete(server.name)
         ray.shutdown()
 
 
@@ -173,7 +169,7 @@ def main(argv: Sequence[str] | None = None, client: PolicyClient | None = None) 
     except (ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    quiet_logs(plan.config.verbose)
+    quiet_libraries(plan.config.verbose)
     from diprl.eval.report import format_suite, summary_line
 
     report = run(plan, client)

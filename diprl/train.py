@@ -16,12 +16,11 @@ already delivered), so no group, result or checkpoint is lost. `resume=<run_dir>
 
 from __future__ import annotations
 
+import contextlib
 import json
-import logging
 import os
 import sys
 import time
-import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -31,11 +30,13 @@ from typing import Any
 from omegaconf import MISSING
 
 from diprl.atomic_io import fsync_dir
+from diprl.console import quiet_libraries, ray_init_options
 from diprl.rollout.episode import EpisodeConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAMESPACE = "diprl"
 SERVE_APP = "policy-server"  # the PolicyServer's Serve application and deployment: its replicas' name
+LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -241,23 +242,6 @@ def save_counters(run_dir: Path, counters: Counters) -> None:
     os.replace(tmp, run_dir / "train_state.json")
 
 
-# ------------------------------------------------------------------------------------------ quiet
-def quiet_libraries(verbose: bool) -> None:
-    """Our progress and results on stdout; library logs at WARNING unless `verbose`."""
-    level = logging.INFO if verbose else logging.WARNING
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    if not verbose:
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("WANDB_SILENT", "true")
-    for name in ("ray", "ray.serve", "vllm", "deepspeed", "urllib3", "filelock", "httpx", "torch", "wandb"):
-        logging.getLogger(name).setLevel(level)
-    if not verbose:
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*Pydantic.*")
-
-
 # ------------------------------------------------------------------------------------------ driver
 class Driver:
     """Owns the actors of one run and the loop that keeps them busy."""
@@ -294,7 +278,7 @@ class Driver:
 
         cfg, t = self.config, self.config.train
         # Serve configures its own driver-side logger on import: quiet it again.
-        logging.getLogger("ray.serve").setLevel(logging.INFO if self.verbose else logging.WARNING)
+        quiet_libraries(self.verbose)
         adapter_root = (self.run_dir / "adapters").resolve()
         self.registry = start_registry()
         server_config = replace(
@@ -303,13 +287,14 @@ class Driver:
             adapter_cache=str((self.run_dir / ".adapter_cache").resolve()),
             adapter_registry=None,
             name=SERVE_APP,
+            log_level="INFO" if self.verbose else cfg.inference.log_level,  # the replicas' vLLM and Serve logs
         )
         self.server = serve_policy(server_config)
         self.serve = serve
         self.league = league_actor(cfg.league, str(self.run_dir))
         self.policies: list[str] = list(cfg.league.roles)
         self.queues = {p: Queue(maxsize=t.queue_size, actor_options={"name": f"queue-{p}"}) for p in self.policies}
-        self.ledger = GroupLedger.options(name="group-ledger").remote(self.queues)  # type: ignore[attr-defined]
+        self.ledger = GroupLedger.options(name=LEDGER).remote(self.queues)  # type: ignore[attr-defined]
         self.learners = {
             p: learner_actor(replace(cfg.learner, policy=p), str(self.run_dir), str(adapter_root), name=f"learner-{p}")
             for p in self.policies
@@ -329,7 +314,7 @@ class Driver:
         )
         self.workers = [
             RolloutWorker.options(name=f"rollout-{i}", num_cpus=t.worker_cpus).remote(  # type: ignore[attr-defined]
-                worker_config, self.ledger, i
+                worker_config, LEDGER, i
             )
             for i in range(t.num_workers)
         ]
@@ -598,7 +583,7 @@ def init_ray(config: Config, verbose: bool = False) -> dict[str, Any]:
     address = os.environ.get("RAY_ADDRESS")
     # Actors' own output (vLLM, Serve replicas) stays in Ray's log files unless --verbose: the terminal
     # shows our progress and results.
-    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "logging_level": logging.WARNING, "log_to_driver": verbose}
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, **ray_init_options(verbose)}
     if address:
         context = ray.init(address=address, **kwargs)
     else:
@@ -614,6 +599,21 @@ def init_ray(config: Config, verbose: bool = False) -> dict[str, Any]:
             **kwargs,
         )
     return {"dashboard": getattr(context, "dashboard_url", None), "address": getattr(context, "address_info", {})}
+
+
+def stop_serving(app: str) -> None:
+    """Delete the Serve application `app` (the PolicyServer) and wait for its replicas to stop.
+
+    Not `serve.shutdown()`: that kills the Serve controller, which fails every call still waiting on
+    it (its own `graceful_shutdown`, the long polls of every handle), and Ray prints each failure as a
+    "(raylet) Task ServeController... failed ... will be retried" line in a healthy run. The controller
+    goes with `ray.shutdown()` on a local cluster; on a shared one, other Serve applications stay up.
+    """
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    with contextlib.suppress(RayServeException):  # Serve never started (the run failed early): nothing to stop
+        serve.delete(app)
 
 
 def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, Any]:
@@ -638,9 +638,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         driver.run()
     finally:
         try:
-            from ray import serve
-
-            serve.shutdown()
+            stop_serving(SERVE_APP)
         finally:
             ray.shutdown()
     summary = {

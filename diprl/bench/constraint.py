@@ -1,6 +1,6 @@
 """Constrained decoding benchmark: constraint cost on mid-game states, and vLLM with vs without it.
 
-    python -m diprl.bench constraint [--states 64] [--batch 32] [--skip-vllm]
+    python -m diprl.bench constraint [--states 64] [--batch 32] [--skip-vllm] [--quiet] [--verbose]
 
 Part 1 (no model): on movement states with 8+ units from DumbBot self-play, the time to build an
 `OrderConstraint` (a fresh grammar, and a grammar shared with an earlier request of the same state,
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from diprl.bots import make_agent
+from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders
 
 
@@ -102,7 +103,9 @@ def constraint_costs(legals: list[PowerOrders], table: Any, batch: int, seed: in
     return {"build_ms": 1e3 * statistics.fmean(cold), "step_ms": 1e3 * statistics.fmean(step_times)}
 
 
-def vllm_comparison(states: list[tuple[DiplomacyGame, str]], max_num_seqs: int) -> tuple[float, float, float]:
+def vllm_comparison(
+    states: list[tuple[DiplomacyGame, str]], max_num_seqs: int, quiet: bool = False
+) -> tuple[float, float, float]:
     from vllm import SamplingParams
 
     from diprl.inference.engine import EngineConfig, OrderRequest, generate_orders, make_llm, sampling_params
@@ -124,35 +127,44 @@ def vllm_comparison(states: list[tuple[DiplomacyGame, str]], max_num_seqs: int) 
             processor_seconds[0] += time.perf_counter() - start
 
     OrderConstraintLogitsProcessor.apply = timed_apply  # type: ignore[method-assign]
-    path = str(resolve_model_path(load_preset("tiny")))
-    llm = make_llm(EngineConfig(model=path, max_num_seqs=max_num_seqs))
-    requests = [OrderRequest(build_prompt(g, p).text, g.legal_orders(p)) for g, p in states]
-    generate_orders(llm, requests[:4])  # warm-up: compile paths, fill the prefix cache evenly for both runs
+    # A bar over the stages (engine start, warm-up, two rounds of both runs); results print after it.
+    with progress_bar(6, "starting vLLM", bar_enabled(quiet), "stage") as bar:
+        path = str(resolve_model_path(load_preset("tiny")))
+        llm = make_llm(EngineConfig(model=path, max_num_seqs=max_num_seqs))
+        bar.update()
+        bar.set_description("warm-up")
+        requests = [OrderRequest(build_prompt(g, p).text, g.legal_orders(p)) for g, p in states]
+        generate_orders(llm, requests[:4])  # warm-up: compile paths, fill the prefix cache evenly for both runs
+        bar.update()
 
-    # Both runs skip detokenization (random multilingual tokens cost the incremental detokenizer far
-    # more than ASCII orders, which would flatter the constrained run), and they alternate twice,
-    # each keeping its best time, so warm-up and order effects cancel.
-    tokenizer = llm.get_tokenizer()
-    prompts = [r.prompt for r in requests]
-    masked = [sampling_params(r, 1.0, 384, detokenize=False) for r in requests]
-    t_constrained = t_free = float("inf")
-    for _ in range(2):
-        processor_seconds[0] = 0.0
-        start = time.perf_counter()
-        constrained = llm.generate(prompts, masked, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        if elapsed < t_constrained:
-            t_constrained, t_processor = elapsed, processor_seconds[0]
-        lengths = [len(o.outputs[0].token_ids) for o in constrained]
-        params = [
-            SamplingParams(
-                temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, ignore_eos=True, logprobs=0, detokenize=False
-            )
-            for n in lengths
-        ]
-        start = time.perf_counter()
-        free = llm.generate(prompts, params, use_tqdm=False)
-        t_free = min(t_free, time.perf_counter() - start)
+        # Both runs skip detokenization (random multilingual tokens cost the incremental detokenizer far
+        # more than ASCII orders, which would flatter the constrained run), and they alternate twice,
+        # each keeping its best time, so warm-up and order effects cancel.
+        tokenizer = llm.get_tokenizer()
+        prompts = [r.prompt for r in requests]
+        masked = [sampling_params(r, 1.0, 384, detokenize=False) for r in requests]
+        t_constrained = t_free = float("inf")
+        for _ in range(2):
+            processor_seconds[0] = 0.0
+            bar.set_description("constrained run")
+            start = time.perf_counter()
+            constrained = llm.generate(prompts, masked, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            bar.update()
+            if elapsed < t_constrained:
+                t_constrained, t_processor = elapsed, processor_seconds[0]
+            lengths = [len(o.outputs[0].token_ids) for o in constrained]
+            params = [
+                SamplingParams(
+                    temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, ignore_eos=True, logprobs=0, detokenize=False
+                )
+                for n in lengths
+            ]
+            bar.set_description("free run, same lengths")
+            start = time.perf_counter()
+            free = llm.generate(prompts, params, use_tqdm=False)
+            t_free = min(t_free, time.perf_counter() - start)
+            bar.update()
 
     def complete(outputs: list[Any]) -> list[bool]:
         texts = [tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outputs]
@@ -183,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-vllm", action="store_true", help="only the model-free part (fast)")
+    add_console_flags(parser)
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
 
     from diprl.policy.tokenizer import load_tokenizer
     from diprl.policy.vocab import token_table
@@ -203,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("legal_complete_rate=nan constraint_overhead=nan")
         return 0
     assert all(lo.kind is PhaseKind.MOVEMENT for lo in legals)
-    rate_c, _, overhead = vllm_comparison(states, max_num_seqs=max(args.batch, 32))
+    rate_c, _, overhead = vllm_comparison(states, max_num_seqs=max(args.batch, 32), quiet=args.quiet)
     print(f"legal_complete_rate={rate_c:.3f} constraint_overhead={overhead:.2f}")
     return 0 if rate_c == 1.0 else 1
 

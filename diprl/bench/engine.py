@@ -33,6 +33,7 @@ from typing import Any
 
 from diplomacy import Game
 
+from diprl.console import add_console_flags, bar_enabled, progress_bar
 from diprl.game import (
     SOLO_CENTRES,
     DiplomacyGame,
@@ -148,8 +149,13 @@ def timed_call(play: Callable[[int, int], GameResult], seed: int, max_year: int)
     return play(seed, max_year)
 
 
-def run_throughput(seeds: Sequence[int], max_year: int) -> tuple[PathTotals, PathTotals, list[str]]:
-    """Play every seed through both paths, alternating which goes first so drift and noise hit both alike."""
+def run_throughput(
+    seeds: Sequence[int], max_year: int, on_game: Callable[[], object] | None = None
+) -> tuple[PathTotals, PathTotals, list[str]]:
+    """Play every seed through both paths, alternating which goes first so drift and noise hit both alike.
+
+    `on_game` is called after each seed (both paths played): the progress bar's tick.
+    """
     naive, ours = PathTotals("(a) engine, naive"), PathTotals("(b) DiplomacyGame")
     mismatches: list[str] = []
     for i, seed in enumerate(seeds):
@@ -163,6 +169,8 @@ def run_throughput(seeds: Sequence[int], max_year: int) -> tuple[PathTotals, Pat
         ours.add(b)
         if a.phases != b.phases or a.state != b.state:
             mismatches.append(describe_mismatch(a, b))
+        if on_game is not None:
+            on_game()
     return naive, ours, mismatches
 
 
@@ -347,6 +355,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--fork-repeats", type=int, default=None, help="timed forks per depth (default 50, quick 5)")
     parser.add_argument("--quick", action="store_true", help="a few seconds in all: for tests and smoke checks")
+    add_console_flags(parser)
     ns = parser.parse_args(argv)
     quick = bool(ns.quick)
     ns.games = ns.games if ns.games is not None else (2 if quick else DEFAULT_GAMES)
@@ -371,7 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Python {platform.python_version()}"
     )
     warm_up()
-    naive, ours, mismatches = run_throughput(seeds, ns.max_year)
+    with progress_bar(ns.games, "seeded games, both paths", bar_enabled(ns.quiet), "game") as bar:
+        naive, ours, mismatches = run_throughput(seeds, ns.max_year, bar.update)
     if mismatches:
         print(f"FINAL STATES DIFFER in {len(mismatches)} of {ns.games} games:")
         for text in mismatches:

@@ -1,7 +1,7 @@
 """Inference service benchmark: what the Serve deployment costs, what mixing adapters costs, and how
 fast a published version is served.
 
-    python -m diprl.bench inference [--requests 48] [--rounds 2]
+    python -m diprl.bench inference [--requests 48] [--rounds 2] [--quiet] [--verbose]
 
 1. The same constrained order requests (mid-game states, temperature 1) through the bare async engine
    (`PolicyEngine` in this process) and through the PolicyServer deployment (Ray Serve handle, one
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.bench.constraint import mid_game_states
+from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries, ray_init_options
 
 
 def _requests(n: int, policies: Sequence[str]) -> list[dict[str, Any]]:
@@ -78,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench inference", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
+    add_console_flags(parser)
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -102,45 +106,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         adapter_root=str(root / "adapters"),
         adapter_cache=str(root / "cache"),
         replica_cpus=float(threads),
+        log_level="INFO" if args.verbose else "WARNING",
     )
     base_requests = _requests(args.requests, ["base"])
     print(f"inference benchmark: {args.requests} constrained mid-game order requests, tiny Qwen3, vLLM CPU")
 
-    bare, validation_s = bare_engine(config, base_requests, args.rounds)
+    # A bar over the stages; every result is printed after it closes.
+    bar = progress_bar(4, "bare async engine", bar_enabled(args.quiet), "stage")
+    with bar:
+        bare, validation_s = bare_engine(config, base_requests, args.rounds)
+        bar.update()
+        bar.set_description("starting the PolicyServer")
+        ray.init(num_cpus=threads + 2, include_dashboard=False, **ray_init_options(args.verbose))
+        try:
+            quiet_libraries(args.verbose)  # again: importing Ray Serve installs its own INFO-level logger
+            handle = serve_policy(config)
+            bar.update()
 
-    ray.init(num_cpus=threads + 2, include_dashboard=False)
-    try:
-        handle = serve_policy(config)
+            def through_serve(requests: list[dict[str, Any]]) -> float:
+                best = 0.0
+                for _ in range(args.rounds):
+                    start = time.perf_counter()
+                    tokens = _tokens(handle.generate.remote(requests).result(timeout_s=600))
+                    best = max(best, tokens / (time.perf_counter() - start))
+                return best
 
-        def through_serve(requests: list[dict[str, Any]]) -> float:
-            best = 0.0
-            for _ in range(args.rounds):
-                start = time.perf_counter()
-                tokens = _tokens(handle.generate.remote(requests).result(timeout_s=600))
-                best = max(best, tokens / (time.perf_counter() - start))
-            return best
+            bar.set_description("one adapter vs base, through Serve")
+            handle.generate.remote(base_requests[:4]).result(timeout_s=600)
+            served = through_serve(base_requests)
+            single = [dict(r, policy=names[0]) for r in base_requests]
+            mixed = [dict(r, policy=names[i % 4]) for i, r in enumerate(base_requests)]
+            handle.generate.remote(mixed[:8]).result(timeout_s=600)  # load all four adapters first
+            one_adapter = through_serve(single)
+            four_adapters = through_serve(mixed)
+            bar.update()
+            bar.set_description("publish to served")
 
-        handle.generate.remote(base_requests[:4]).result(timeout_s=600)
-        served = through_serve(base_requests)
-        single = [dict(r, policy=names[0]) for r in base_requests]
-        mixed = [dict(r, policy=names[i % 4]) for i, r in enumerate(base_requests)]
-        handle.generate.remote(mixed[:8]).result(timeout_s=600)  # load all four adapters first
-        one_adapter = through_serve(single)
-        four_adapters = through_serve(mixed)
-
-        probe = [dict(base_requests[0], policy=names[1])]
-        start = time.perf_counter()
-        handle.generate.remote(probe).result(timeout_s=600)
-        warm_latency = time.perf_counter() - start
-        start = time.perf_counter()
-        new_name = store.publish("fresh", sources[4]).name
-        publish_seconds = time.perf_counter() - start
-        result = handle.generate.remote([dict(probe[0], policy=new_name)]).result(timeout_s=600)
-        publish_to_served = time.perf_counter() - start
-        _tokens(result)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+            probe = [dict(base_requests[0], policy=names[1])]
+            start = time.perf_counter()
+            handle.generate.remote(probe).result(timeout_s=600)
+            warm_latency = time.perf_counter() - start
+            start = time.perf_counter()
+            new_name = store.publish("fresh", sources[4]).name
+            publish_seconds = time.perf_counter() - start
+            result = handle.generate.remote([dict(probe[0], policy=new_name)]).result(timeout_s=600)
+            publish_to_served = time.perf_counter() - start
+            _tokens(result)
+            bar.update()
+        finally:
+            # Delete the application rather than `serve.shutdown()`: killing the Serve controller makes
+            # Ray print a "(raylet) Task ServeController... failed" line for every call still waiting on
+            # it; ray.shutdown() stops the controller with the rest of this local cluster.
+            with contextlib.suppress(Exception):
+                serve.delete(config.name)
+            ray.shutdown()
 
     print(f"\n{'path':<34}{'tokens/s':>10}")
     print(f"{'bare async engine (in process)':<34}{bare:>10.1f}")

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from diprl.console import add_console_flags, bar_enabled, progress_bar
 from diprl.game.scoring import ranks
 from diprl.league.config import LeagueConfig
 from diprl.league.manager import LeagueManager
@@ -92,7 +93,9 @@ def worst_anchor_win_rate(learner: Learner) -> float:
     return min(win_probability(learner.latent(), a) for a in ANCHORS.values())
 
 
-def run_league(matches: int, publish_every: int, seed: int, run_dir: Path, lr: float = 0.005) -> dict[str, Any]:
+def run_league(
+    matches: int, publish_every: int, seed: int, run_dir: Path, lr: float = 0.005, bar: Any = None
+) -> dict[str, Any]:
     rng = np.random.default_rng(seed + 1)
     manager = LeagueManager(LeagueConfig(seed=seed, snapshot_steps=10 * publish_every), run_dir)
     learner = Learner(lr=lr)
@@ -114,6 +117,8 @@ def run_league(matches: int, publish_every: int, seed: int, run_dir: Path, lr: f
         manager.report([_result(match.match_id, dict(match.seats), match.hero, float(rng.random() < p))])
         learner.step(opp_latents)
         worst.append(worst_anchor_win_rate(learner))
+        if bar is not None:
+            bar.update()
         if (t + 1) % publish_every == 0:
             version += 1
             ref = f"main@v{version}"
@@ -123,7 +128,7 @@ def run_league(matches: int, publish_every: int, seed: int, run_dir: Path, lr: f
     return {"kinds": kinds, "worst": worst, "picks": picks, "summary": summary, "latents": latents}
 
 
-def run_skill(matches: int, publish_every: int, seed: int, lr: float = 0.005) -> dict[str, Any]:
+def run_skill(matches: int, publish_every: int, seed: int, lr: float = 0.005, bar: Any = None) -> dict[str, Any]:
     """Pure skill matching on the same learner model, payoff and snapshot cadence (every 10 publishes)."""
     rng = np.random.default_rng(seed + 2)
     payoff = Payoff()
@@ -141,6 +146,8 @@ def run_skill(matches: int, publish_every: int, seed: int, lr: float = 0.005) ->
             payoff.update("main", pick, float(rng.random() < win_probability(learner.latent(), opp)))
         learner.step([opp])
         worst.append(worst_anchor_win_rate(learner))
+        if bar is not None:
+            bar.update()
         if (t + 1) % (10 * publish_every) == 0:
             latents[f"main@v{t + 1}"] = learner.latent()
     return {"kinds": kinds, "worst": worst}
@@ -201,13 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=200, help="moving-average window of the share plot")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("docs/figures/league_sim.png"), help="PNG to write")
+    add_console_flags(parser)
     args = parser.parse_args(argv)
     if args.matches < 2 * args.window:
         parser.error("--matches must be at least twice --window")
     scratch = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # the manager fsyncs every change
-    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-        league = run_league(args.matches, args.publish_every, args.seed, Path(tmp))
-    skill = run_skill(args.matches, args.publish_every, args.seed)
+    # One bar over both matchmakers' matches (`bar`: a `diprl.console.progress_bar`, ticked per match).
+    with progress_bar(2 * args.matches, "league, then skill matching", bar_enabled(args.quiet), "match") as bar:
+        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            league = run_league(args.matches, args.publish_every, args.seed, Path(tmp), bar=bar)
+        skill = run_skill(args.matches, args.publish_every, args.seed, bar=bar)
     plot(league, skill, args.out, args.window)
     half = args.matches // 2
 

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries
+
 
 def make_groups(
     states: list[tuple[Any, str]], forks: int, versions: list[str], table: Any, tokenizer: Any, seed: int
@@ -107,8 +109,10 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     from diprl.learn.learner import Learner
     from diprl.policy.tokenizer import load_tokenizer
 
+    # One tick per learner step (the first is the untimed warm-up), after the model loads.
+    bar = progress_bar(args.steps + 1, "learner steps", bar_enabled(args.quiet), "step")
     states = mid_game_states(args.groups * (args.steps + 1), seed=args.seed)
-    with tempfile.TemporaryDirectory(prefix="diprl-bench-learner-") as tmp:
+    with bar, tempfile.TemporaryDirectory(prefix="diprl-bench-learner-") as tmp:
         config = LearnerConfig(
             model=args.model,
             micro_batch_tokens=args.micro_batch_tokens,
@@ -152,6 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             t0 = time.perf_counter()
             metrics = learner.train_step(groups)
             learner_s = time.perf_counter() - t0
+            bar.update()
             if round_ == 0:
                 continue  # warm-up
             learner_times.append(learner_s)
@@ -196,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    add_console_flags(parser)
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
     if not 0 <= args.lagged <= 1 or args.steps < 1 or args.groups < 1 or args.forks < 1:
         parser.error("need --steps, --groups, --forks >= 1 and 0 <= --lagged <= 1")
     r = run(args)

@@ -1,6 +1,6 @@
 """Rollout benchmark: throughput of the rollout path with bots only and with the tiny model.
 
-    python -m diprl.bench rollout [--matches 14] [--workers 2] [--skip-model]
+    python -m diprl.bench rollout [--matches 42] [--workers 2] [--skip-model] [--quiet] [--verbose]
 
 1. Bots only: matches whose seven seats are all rule bots (DumbBot and Random), played by one Ray
    rollout worker through the whole episode path (warmup, fork into a group, play to the horizon, rewards
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.bots import make_agent
+from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries, ray_init_options
 from diprl.game import DiplomacyGame
 from diprl.rollout.types import Match, bot_name, is_bot
 
@@ -78,7 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-model", action="store_true")
+    add_console_flags(parser)
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -92,21 +95,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     matches = bot_matches(args.matches, args.seed)
     assert not any(m.trains for m in matches) and all(is_bot(r) for m in matches for r in m.seats.values())
     print(f"rollout benchmark: group size {args.group_size}, horizon 1 year, {args.workers} workers")
-    ray.init(num_cpus=args.workers + 2, include_dashboard=False)
+    ray.init(num_cpus=args.workers + 2, include_dashboard=False, **ray_init_options(args.verbose))
+    enabled = bar_enabled(args.quiet)
     try:
-        # One worker against the one-process bare loop: the same CPU budget on both sides of the ratio.
-        runner = RolloutRunner(WorkerConfig(episode=episode, client="uniform"), 1, run_dir / "bots")
-        runner.run(matches[:2])  # warm the workers (tokenizer, map) before timing
-        # Two alternating rounds, best of each: a few seconds per run is noisy on a shared 2-core box.
-        rollout_rate = bare_rate = 0.0
-        for round_index in range(2):
-            start = time.perf_counter()
-            summaries = runner.run([Match(f"{m.match_id}-r{round_index}", m.seats, m.hero, m.seed) for m in matches])
-            wall = time.perf_counter() - start
-            if sum(s["phases"] for s in summaries) / wall > rollout_rate:
-                rollout_rate, best = sum(s["phases"] for s in summaries) / wall, (summaries, wall)
-            phases = {s["match_id"].rsplit("-r", 1)[0]: s["phases"] for s in summaries}
-            bare_rate = max(bare_rate, bare_game_layer(matches, phases, episode.max_year))
+        # A bar over the stages (closed before each block of results is printed).
+        bar = progress_bar(5, "bots only: warm-up", enabled, "stage")
+        with bar:
+            # One worker against the one-process bare loop: the same CPU budget on both sides of the ratio.
+            runner = RolloutRunner(WorkerConfig(episode=episode, client="uniform"), 1, run_dir / "bots")
+            runner.run(matches[:2])  # warm the workers (tokenizer, map) before timing
+            bar.update()
+            # Two alternating rounds, best of each: a few seconds per run is noisy on a shared 2-core box.
+            rollout_rate = bare_rate = 0.0
+            for round_index in range(2):
+                bar.set_description(f"bots only: round {round_index + 1} of 2, rollout")
+                start = time.perf_counter()
+                summaries = runner.run(
+                    [Match(f"{m.match_id}-r{round_index}", m.seats, m.hero, m.seed) for m in matches]
+                )
+                wall = time.perf_counter() - start
+                if sum(s["phases"] for s in summaries) / wall > rollout_rate:
+                    rollout_rate, best = sum(s["phases"] for s in summaries) / wall, (summaries, wall)
+                phases = {s["match_id"].rsplit("-r", 1)[0]: s["phases"] for s in summaries}
+                bar.update()
+                bar.set_description(f"bots only: round {round_index + 1} of 2, bare game layer")
+                bare_rate = max(bare_rate, bare_game_layer(matches, phases, episode.max_year))
+                bar.update()
         summarise("bots only, one Ray rollout worker", *best)
         print(f"\nbare game layer, same matches and phase counts, one process: {bare_rate:.1f} phases/s")
         if not args.skip_model:
@@ -115,16 +129,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             from diprl.inference.config import ServerConfig
             from diprl.inference.server import serve_policy
 
-            serve_policy(
-                ServerConfig(model="tiny", adapter_root=str(run_dir / "adapters"), adapter_cache=str(run_dir / "c"))
-            )
-            model_runner = RolloutRunner(WorkerConfig(episode=episode, client="serve"), args.workers, run_dir / "model")
-            opponents = ["base", "bot:dumbbot", "bot:random", "base", "bot:dumbbot", "bot:random"]
-            model_matches = list(stratified_matches(args.model_matches, "base", opponents, seed=args.seed + 1))
-            model_runner.run(model_matches[:1])
-            start = time.perf_counter()
-            model_summaries = model_runner.run(model_matches)
-            summarise("tiny model through the PolicyServer", model_summaries, time.perf_counter() - start)
+            with progress_bar(3, "tiny model: starting the PolicyServer", enabled, "stage") as bar:
+                quiet_libraries(args.verbose)  # again: importing Ray Serve installs its own INFO-level logger
+                serve_policy(
+                    ServerConfig(
+                        model="tiny",
+                        adapter_root=str(run_dir / "adapters"),
+                        adapter_cache=str(run_dir / "c"),
+                        log_level="INFO" if args.verbose else "WARNING",
+                    )
+                )
+                bar.update()
+                bar.set_description("tiny model: warm-up match")
+                model_runner = RolloutRunner(
+                    WorkerConfig(episode=episode, client="serve"), args.workers, run_dir / "model"
+                )
+                opponents = ["base", "bot:dumbbot", "bot:random", "base", "bot:dumbbot", "bot:random"]
+                model_matches = list(stratified_matches(args.model_matches, "base", opponents, seed=args.seed + 1))
+                model_runner.run(model_matches[:1])
+                bar.update()
+                bar.set_description(f"tiny model: {len(model_matches)} matches")
+                start = time.perf_counter()
+                model_summaries = model_runner.run(model_matches)
+                wall = time.perf_counter() - start
+                bar.update()
+            summarise("tiny model through the PolicyServer", model_summaries, wall)
             bad = sum(s["bad_completions"] for s in model_summaries)
             print(f"  bad completions: {bad}; groups delivered: {sum(s['delivered'] for s in model_summaries)}")
             serve.delete("policy")

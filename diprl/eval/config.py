@@ -38,7 +38,7 @@ class EvaluateConfig:
     adapters: str = "runs/adapters"  # the AdapterStore holding <policy>@v<N> (standalone runs)
     server: str = "local"  # conf/inference/<name>.yaml: the PolicyServer started for LLM seats
     ray_cpus: int = 0  # CPUs for the local Ray started for LLM seats; 0: Ray's default
-    progress: bool = True  # progress bar on stderr
+    progress: bool = True  # progress bar on stderr, drawn when stderr is a terminal
     verbose: bool = False  # library logs (Ray, vLLM) at INFO instead of WARNING
 
 

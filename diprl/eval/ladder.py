@@ -1,10 +1,12 @@
 """The bot ladder: every rule bot as hero against six DumbBots and against six Random bots.
 
-    python -m diprl.eval.ladder --games 70 [--json ladder.json]
+    python -m diprl.eval.ladder --games 70 [--json ladder.json] [--quiet] [--verbose]
 
 Prints the markdown table the README carries, so the published numbers can be regenerated with
 one command. For each self-play row it also counts games that any power soloed, the figure
 the DumbBot specification (docs/dumbbot.md) gives for calibrating it (about one game in five).
+While the games run, a progress bar over all rows goes to stderr when it is a terminal (`--quiet`:
+none); the table goes to stdout.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from diprl.bots import BOT_NAMES, make_agent
+from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries
 from diprl.eval.arena import ArenaConfig, run_arena, summarize
 from diprl.eval.stats import wilson_interval
 from diprl.game import DEFAULT_MAX_YEAR
@@ -30,15 +33,30 @@ def _rate(cell: dict[str, Any]) -> str:
     return f"{100 * cell['rate']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
-def ladder_rows(games: int, max_year: int, workers: int, seed: int) -> list[dict[str, Any]]:
+def _row_progress(bar: Any, row_start: int) -> Callable[[int, int], None]:
+    """`run_arena`'s callback (games done in this row, row total) moving the ladder-wide bar."""
+
+    def advance(done: int, total: int) -> None:
+        bar.update(row_start + done - bar.n)
+
+    return advance
+
+
+def ladder_rows(games: int, max_year: int, workers: int, seed: int, bar: Any = None) -> list[dict[str, Any]]:
+    """One arena summary per (opponents, hero) row. `bar` (from `diprl.console.progress_bar`, total
+    `games * len(BOT_NAMES) * len(OPPONENTS)`), if given, names the row being played and advances per game."""
     rows = []
     for opponents in OPPONENTS:
         for hero in BOT_NAMES:
             config = ArenaConfig(
                 hero=hero, opponents=opponents, games=games, max_year=max_year, seed=seed, workers=workers
             )
+            progress = None
+            if bar is not None:
+                bar.set_description(f"{hero} vs {opponents}")
+                progress = _row_progress(bar, bar.n)
             start = time.perf_counter()
-            played = run_arena(config, make_agent)
+            played = run_arena(config, make_agent, progress)
             summary = summarize(config, played, time.perf_counter() - start)
             any_solo = sum(g.solo_winner is not None for g in played)
             summary["any_solo"] = {
@@ -73,9 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    add_console_flags(parser)
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
     start = time.perf_counter()
-    rows = ladder_rows(args.games, args.max_year, args.workers, args.seed)
+    total = args.games * len(BOT_NAMES) * len(OPPONENTS)
+    with progress_bar(total, "ladder", bar_enabled(args.quiet), "game") as bar:
+        rows = ladder_rows(args.games, args.max_year, args.workers, args.seed, bar)
     print(
         f"bot ladder: {args.games} games per row, powers rotated, stop at a solo or after winter {args.max_year}; "
         "95% Wilson intervals for rates, bootstrap for mean centres"

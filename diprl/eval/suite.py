@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +28,7 @@ from typing import Any
 
 from diprl.bots import make_agent
 from diprl.bots.base import Agent, seat_seed
+from diprl.console import progress_bar
 from diprl.eval.arena import SEED_STRIDE, check_max_year, game_seed, standard_powers
 from diprl.eval.arena_games import CATEGORIES, Category, categorize, game_record
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
@@ -325,12 +325,6 @@ def _chunks(specs: Sequence[GameSpec], size: int) -> Iterator[list[GameSpec]]:
         yield list(specs[start : start + size])
 
 
-def _progress_bar(total: int, enabled: bool) -> Any:
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    return tqdm(total=total, unit="game", file=sys.stderr, disable=not enabled, dynamic_ncols=True, leave=False)
-
-
 def run_suites(
     configs: Sequence[SuiteConfig], client: PolicyClient | None = None, progress: bool = False
 ) -> list[dict[str, Any]]:
@@ -339,6 +333,7 @@ def run_suites(
     Returns one report per config, in order (see `summarize_suite`). A bots-only run with
     `workers` > 1 (the largest asked for) plays chunks of games in worker processes; results are
     identical to one process because every game's seeds depend only on its config and index.
+    `progress` draws a bar over all games on stderr when stderr is a terminal.
     """
     if not configs:
         raise ValueError("no suites to run")
@@ -355,7 +350,7 @@ def run_suites(
     workers = max(c.workers for c in configs)
     stats: Counter[str] = Counter()
     start = time.perf_counter()
-    bar = _progress_bar(len(specs), progress)
+    bar = progress_bar(len(specs), "games", enabled=None if progress else False, unit="game")
     try:
         if client is None and workers > 1 and len(specs) > 1:
             method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"

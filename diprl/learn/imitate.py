@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from diprl.console import bar_enabled, progress_bar, quiet_libraries
 from diprl.game import PowerOrders
 from diprl.learn.teacher import (
     PHASE_CLASSES,
@@ -76,7 +77,8 @@ class ImitateConfig:
     # torch threads. 1 by default: on a shared 2-core machine two OpenMP threads spin-wait on each
     # other and a step ran 10x slower than with one (measured); 0 leaves torch's default.
     threads: int = 1
-    quiet: bool = False  # no progress bars
+    quiet: bool = False  # no progress bars (they show only when stderr is a terminal anyway)
+    verbose: bool = False  # library logs (DeepSpeed, transformers, torch) at INFO instead of WARNING
 
     def __post_init__(self) -> None:
         try:
@@ -303,9 +305,7 @@ def evaluate_agreement(
 
 
 def _progress(total: int, desc: str, quiet: bool) -> Any:
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    return tqdm(total=total, desc=desc, disable=quiet, leave=False, dynamic_ncols=True, file=sys.stderr)
+    return progress_bar(total, desc, bar_enabled(quiet))
 
 
 def train_bc(
@@ -442,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    quiet_libraries(config.verbose)
     report = run(config)
     before, after = report["before"], report["after"]
     print(

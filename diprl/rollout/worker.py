@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -101,16 +102,23 @@ class GroupLedger:
 
 @ray.remote(max_restarts=-1, max_task_retries=-1)
 class RolloutWorker:
-    """Plays matches and delivers their groups through the ledger."""
+    """Plays matches and delivers their groups through the ledger.
 
-    def __init__(self, config: WorkerConfig, ledger: Any, worker_index: int = 0) -> None:
+    The ledger is passed by NAME and looked up here, not passed as a handle: a handle to a
+    non-detached actor is a reference Ray keeps in the object store, and Ray cannot guarantee such
+    constructor arguments survive until a restart (ray-project/ray#53727; it logs an error-level
+    line for every actor created that way). A name is a plain value, so a restarted worker always
+    finds the ledger again.
+    """
+
+    def __init__(self, config: WorkerConfig, ledger_name: str, worker_index: int = 0) -> None:
         from diprl.policy.tokenizer import load_tokenizer
         from diprl.policy.vocab import token_table
         from diprl.rollout.credit import CreditAssigner
         from diprl.rollout.rewards import Rubric, load_reward_config
 
         self.config = config
-        self.ledger = ledger
+        self.ledger: Any = ray.get_actor(ledger_name)
         tokenizer = load_tokenizer()
         table = token_table(tokenizer, 151936)
         client: Any
@@ -168,9 +176,10 @@ class RolloutRunner:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.queue = Queue(maxsize=queue_size)
-        self.ledger = GroupLedger.remote(self.queue)  # type: ignore[attr-defined]
+        ledger_name = f"group-ledger-{uuid.uuid4().hex[:12]}"  # unique: several runners may share a cluster
+        self.ledger = GroupLedger.options(name=ledger_name).remote(self.queue)  # type: ignore[attr-defined]
         self.workers = [
-            RolloutWorker.options(num_cpus=0.5).remote(config, self.ledger, i)  # type: ignore[attr-defined]
+            RolloutWorker.options(num_cpus=0.5).remote(config, ledger_name, i)  # type: ignore[attr-defined]
             for i in range(num_workers)
         ]
         self.results_path = self.run_dir / "match_results.jsonl"
