@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.bots.base import Agent, seat_seed
-from diprl.eval.arena_games import CATEGORIES, Category, categorize, play_game
+from diprl.eval.arena_games import CATEGORIES, Category, HeroGame, hero_fields, play_game
 from diprl.eval.stats import mean_summary, rate_summary
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
 
@@ -83,24 +83,11 @@ class ArenaConfig:
 
 
 @dataclass(frozen=True)
-class ArenaGame:
-    """One arena game seen from the hero's seat; `centres` keeps every power's count for context."""
+class ArenaGame(HeroGame):
+    """One arena game seen from the hero's seat, with the order issues and the time it took."""
 
-    index: int
-    seed: int
-    hero_power: str
-    hero_centres: int
-    hero_units: int
-    hero_rank: int
-    hero_sum_of_squares: float
-    solo_winner: str | None
-    category: str
-    phases: int
-    last_phase: str
-    final_year: int
     issues: int
     hero_issues: int
-    centres: dict[str, int]
     seconds: float
 
 
@@ -132,19 +119,9 @@ def _play_task(task: _Task) -> ArenaGame:
     return ArenaGame(
         index=task.index,
         seed=task.seed,
-        hero_power=hero_power,
-        hero_centres=record.centres[hero_power],
-        hero_units=record.units[hero_power],
-        hero_rank=record.ranks[hero_power],
-        hero_sum_of_squares=record.sum_of_squares[hero_power],
-        solo_winner=record.solo,
-        category=categorize(record, hero_power).value,
-        phases=record.phases,
-        last_phase=record.last_phase,
-        final_year=record.final_year,
+        **hero_fields(record, hero_power),
         issues=record.total_issues,
         hero_issues=record.issues[hero_power],
-        centres=record.centres,
         seconds=record.seconds,
     )
 

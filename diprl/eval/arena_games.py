@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from diprl.bots.base import Agent
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
@@ -94,6 +95,43 @@ def game_record(
         issue_kinds=dict(sorted(kinds.items())),
         seconds=seconds,
     )
+
+
+@dataclass(frozen=True)
+class HeroGame:
+    """One finished game from the hero's seat: what the arena and the evaluation suite both report
+    per game (each adds its own fields); `centres` keeps every power's count for context."""
+
+    index: int
+    seed: int
+    hero_power: str
+    hero_centres: int
+    hero_units: int
+    hero_rank: int
+    hero_sum_of_squares: float
+    solo_winner: str | None
+    category: str
+    phases: int
+    last_phase: str
+    final_year: int
+    centres: dict[str, int]
+
+
+def hero_fields(record: GameRecord, hero: str) -> dict[str, Any]:
+    """`HeroGame`'s fields (all but index and seed) read from a game record for the hero's seat."""
+    return {
+        "hero_power": hero,
+        "hero_centres": record.centres[hero],
+        "hero_units": record.units[hero],
+        "hero_rank": record.ranks[hero],
+        "hero_sum_of_squares": record.sum_of_squares[hero],
+        "solo_winner": record.solo,
+        "category": categorize(record, hero).value,
+        "phases": record.phases,
+        "last_phase": record.last_phase,
+        "final_year": record.final_year,
+        "centres": dict(record.centres),
+    }
 
 
 class Category(StrEnum):

@@ -30,7 +30,7 @@ from diprl.bots import make_agent
 from diprl.bots.base import Agent, seat_seed
 from diprl.console import progress_bar
 from diprl.eval.arena import SEED_STRIDE, check_max_year, game_seed, standard_powers
-from diprl.eval.arena_games import CATEGORIES, Category, categorize, game_record
+from diprl.eval.arena_games import CATEGORIES, Category, HeroGame, game_record, hero_fields
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
 from diprl.eval.refs import check_policy_ref, is_llm
 from diprl.eval.stats import mean_summary, rate_summary
@@ -123,24 +123,12 @@ class GameSpec:
 
 
 @dataclass(frozen=True)
-class PlayedGame:
-    """One finished game from the hero's seat, with every seat's final count for context."""
+class PlayedGame(HeroGame):
+    """One finished suite game from the hero's seat, with its seats, every seat's rank and what was
+    measured along the way."""
 
     suite: int
-    index: int
-    seed: int
-    hero_power: str
     seats: dict[str, str]
-    hero_centres: int
-    hero_units: int
-    hero_rank: int
-    hero_sum_of_squares: float
-    solo_winner: str | None
-    category: str
-    phases: int
-    last_phase: str
-    final_year: int
-    centres: dict[str, int]
     ranks: dict[str, int]
     hero_centres_by_year: list[int]  # at the start of each year played, then the final count
     issues: dict[str, int]
@@ -221,21 +209,11 @@ class _Table:
         behaviour: BehaviourCounts = self.tracker.finish(game)
         llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
         return PlayedGame(
-            suite=spec.suite,
             index=spec.index,
             seed=spec.seed,
-            hero_power=spec.hero,
+            **hero_fields(record, spec.hero),
+            suite=spec.suite,
             seats=dict(spec.seats),
-            hero_centres=record.centres[spec.hero],
-            hero_units=record.units[spec.hero],
-            hero_rank=record.ranks[spec.hero],
-            hero_sum_of_squares=record.sum_of_squares[spec.hero],
-            solo_winner=record.solo,
-            category=categorize(record, spec.hero).value,
-            phases=self.phases,
-            last_phase=record.last_phase,
-            final_year=record.final_year,
-            centres=dict(record.centres),
             ranks=dict(record.ranks),
             hero_centres_by_year=[*self.by_year, record.centres[spec.hero]],
             issues=dict(record.issues),
