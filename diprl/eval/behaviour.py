@@ -13,6 +13,8 @@ Definitions (all for one seat, the "hero", over the movement phases it had units
 - critical-support rate: supports whose removal (a fork adjudicated with that unit holding instead)
   makes the supported order fail / supports (`diprl.game.outcomes.classify_supports`).
 - centres gained per year: (final centres - centres at the start) / years played.
+- waived builds: WAIVE orders / build slots (builds + WAIVEs) in the hero's adjustment phases. A
+  policy that waives a build it could make throws strength away; rule bots never do.
 - attacks on a recent supporter: a movement phase after one in which another power gave a
   non-void support to one of the hero's units is an opportunity; it counts as an attack when the
   hero orders a move into a province holding that power's unit or a centre it owns.
@@ -25,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from diprl.game import DiplomacyGame, PhaseRecord
-from diprl.game.orders import MOVE, SUPPORT, OrderSyntaxError, parse_order
+from diprl.game.orders import BUILD, MOVE, SUPPORT, WAIVE, OrderSyntaxError, parse_order
 from diprl.game.outcomes import SupportVerdict, classify_supports
 
 
@@ -43,6 +45,8 @@ class BehaviourCounts:
     supporter_opportunities: int = 0
     supporter_attacks: int = 0  # phases with at least one attack on a recent supporter
     supporter_attack_orders: int = 0
+    builds: int = 0
+    waived_builds: int = 0
 
     @property
     def centres_gained_per_year(self) -> float:
@@ -97,6 +101,8 @@ class BehaviourTracker:
         self._recent_supporters: set[str] = set()
 
     def observe(self, record: PhaseRecord) -> None:
+        if record.name.endswith("A"):
+            self._count_builds(record)
         if not record.name.endswith("M"):
             return
         hero = self.hero
@@ -125,6 +131,11 @@ class BehaviourTracker:
             )
             counts.supporter_attack_orders += attacks
             counts.supporter_attacks += attacks > 0
+
+    def _count_builds(self, record: PhaseRecord) -> None:
+        orders = _parsed(record.orders.get(self.hero, ()))
+        self.counts.builds += sum(o.kind == BUILD for o in orders)
+        self.counts.waived_builds += sum(o.kind == WAIVE for o in orders)
 
     def _supporters_of(self, record: PhaseRecord, owners: Mapping[str, str]) -> set[str]:
         """Powers other than the hero that gave a non-void support to a hero unit in `record`."""
@@ -175,4 +186,6 @@ def merge(counts: Sequence[BehaviourCounts]) -> BehaviourCounts:
         total.supporter_opportunities += c.supporter_opportunities
         total.supporter_attacks += c.supporter_attacks
         total.supporter_attack_orders += c.supporter_attack_orders
+        total.builds += c.builds
+        total.waived_builds += c.waived_builds
     return total

@@ -78,6 +78,8 @@ def flat_metrics(policy: str, tag: str, reports: dict[str, dict[str, Any]]) -> d
         if b["critical_support_rate"] is not None:
             row[f"{prefix}/critical_support_rate"] = b["critical_support_rate"]["rate"]
         row[f"{prefix}/centres_gained_per_year"] = b["centres_gained_per_year"]["mean"]
+        if b["waived_build_rate"]["rate"] is not None:
+            row[f"{prefix}/waived_build_rate"] = b["waived_build_rate"]["rate"]
         row[f"{prefix}/bad_completion_rate"] = (
             (report["llm"]["hero_errors"] + report["llm"]["hero_incomplete"]) / report["llm"]["hero_requests"]
             if report["llm"]["hero_requests"]

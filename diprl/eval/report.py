@@ -55,6 +55,7 @@ def format_suite(report: dict[str, Any]) -> list[str]:
         _rate_line("void supports / supports", b["void_support_rate"]),
         _rate_line("critical supports / supports", b["critical_support_rate"]),
         _rate_line("attacks on last turn's supporter", b["attacks_on_recent_supporter"]),
+        _rate_line("waived builds / build slots", b["waived_build_rate"]),
         f"{'centres gained per year':<34}{gained['mean']:>8.2f}   {_ci(gained, 2)}",
     ]
     issues, llm, timing = report["order_issues"], report["llm"], report["timing"]

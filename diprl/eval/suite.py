@@ -381,6 +381,7 @@ def _behaviour_summary(games: Sequence[PlayedGame], critical: bool) -> dict[str,
         "centres_gained_per_year": mean_summary([c.centres_gained_per_year for c in counts]),
         "attacks_on_recent_supporter": rate_summary(total.supporter_attacks, total.supporter_opportunities)
         | {"attack_orders": total.supporter_attack_orders},
+        "waived_build_rate": rate_summary(total.waived_builds, total.builds + total.waived_builds),
         "definitions": "see diprl/eval/behaviour.py; rates pooled over orders/phases with Wilson intervals",
     }
 

@@ -102,6 +102,19 @@ def test_centres_gained_per_year() -> None:
     assert counts.centres_gained_per_year == pytest.approx(2.0)
 
 
+def test_waived_builds_are_counted_against_build_slots() -> None:
+    # France takes BEL and HOL in 1901: 5 centres, 2 units, three empty home centres to build on.
+    game = DiplomacyGame.from_units({"FRANCE": ["A BUR", "A PIC"], "GERMANY": ["A MUN"]})
+    tracker = BehaviourTracker("FRANCE", len(game.centres("FRANCE")))
+    tracker.observe(game.step({"FRANCE": ["A BUR - BEL", "A PIC H"], "GERMANY": ["A MUN H"]}))
+    tracker.observe(game.step({"FRANCE": ["A BEL - HOL", "A PIC - BEL"], "GERMANY": ["A MUN H"]}))
+    assert game.phase.endswith("A")
+    tracker.observe(game.step({"FRANCE": ["A PAR B", "WAIVE", "WAIVE"], "GERMANY": ["WAIVE"]}))
+    counts = tracker.finish(game)
+    assert (counts.builds, counts.waived_builds) == (1, 2)  # Germany's WAIVE is not the hero's
+    assert merge([counts, counts]).waived_builds == 4
+
+
 def test_merge_adds_counts() -> None:
     a = BehaviourCounts(orders=4, supports=2, start_centres=3, final_centres=5, years=2)
     a.verdicts["void"] = 1
