@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from diprl.bots import make_agent
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders
+from diprl.game.randomplay import random_orders
 
 KINDS = (PhaseKind.MOVEMENT, PhaseKind.RETREAT, PhaseKind.BUILD, PhaseKind.DISBAND)
 
@@ -35,11 +36,4 @@ def mid_game_movement_sets(min_units: int = 8) -> list[PowerOrders]:
 
 def random_step(game: DiplomacyGame, rng: random.Random) -> None:
     """Advance one phase with uniformly random legal orders for every power."""
-    orders: dict[str, list[str]] = {}
-    for power, legal in game.all_legal_orders().items():
-        if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
-            orders[power] = [rng.choice(options) for options in legal.by_loc.values()]
-        elif legal.kind in (PhaseKind.BUILD, PhaseKind.DISBAND):
-            locs = rng.sample(sorted(legal.by_loc), legal.n_required)
-            orders[power] = [rng.choice(legal.by_loc[loc]) for loc in locs]
-    game.step(orders)
+    game.step(random_orders(game.all_legal_orders(), rng))
