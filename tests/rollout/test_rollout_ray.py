@@ -102,7 +102,10 @@ def test_rollout_through_the_policy_server_with_the_tiny_model(ray_cluster: None
     from diprl.inference.config import ServerConfig
     from diprl.inference.server import serve_policy
 
-    serve_policy(ServerConfig(model="tiny", adapter_root=str(tmp_path / "adapters"), adapter_cache=str(tmp_path / "c")))
+    # port=0: a free port, so a PolicyServer already running on this machine does not fail the test.
+    serve_policy(
+        ServerConfig(model="tiny", adapter_root=str(tmp_path / "adapters"), adapter_cache=str(tmp_path / "c"), port=0)
+    )
     try:
         config = WorkerConfig(episode=EpisodeConfig(group_size=2, warmup_max_phases=2, horizon_years=1), client="serve")
         runner = RolloutRunner(config, num_workers=2, run_dir=tmp_path)
