@@ -1,6 +1,6 @@
 """Learning benchmark: does the whole system make the policy better at Diplomacy, measured honestly?
 
-    python -m diprl.bench learning [--minutes 30] [--compare] [--out runs/bench-learning]
+    python -m diprl.bench learning [--minutes 25] [--compare | --only NAME...] [--out runs/bench-learning]
 
 One configuration = one real training run (`python -m diprl.train +experiment=random`: the hero
 against six Random bots, the tiny model on this machine's CPUs, local Ray, the PolicyServer, the
