@@ -99,10 +99,9 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
 def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     """A local Ray (loopback) with the PolicyServer serving `config.adapters`, torn down afterwards."""
     import ray
-    from ray import serve
 
     from diprl.inference.config import load_server_config
-    from diprl.inference.server import serve_policy
+    from diprl.inference.server import serve_policy, stop_serving
     from diprl.rollout.clients import ServeClient
 
     quiet_libraries(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
@@ -121,11 +120,7 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
         serve_policy(server)
         yield ServeClient(app_name=server.name, deployment=server.name)
     finally:
-        # Delete the application rather than `serve.shutdown()`: killing the Serve controller makes Ray
-        # print a "(raylet) Task ServeController... failed" line for every call still waiting on it;
-        # ray.shutdown() stops the controller with the rest of this local cluster.
-        with contextlib.suppress(Exception):
-            serve.delete(server.name)
+        stop_serving(server.name)
         ray.shutdown()
 
 

@@ -16,7 +16,6 @@ already delivered), so no group, result or checkpoint is lost. `resume=<run_dir>
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -601,24 +600,11 @@ def init_ray(config: Config, verbose: bool = False) -> dict[str, Any]:
     return {"dashboard": getattr(context, "dashboard_url", None), "address": getattr(context, "address_info", {})}
 
 
-def stop_serving(app: str) -> None:
-    """Delete the Serve application `app` (the PolicyServer) and wait for its replicas to stop.
-
-    Not `serve.shutdown()`: that kills the Serve controller, which fails every call still waiting on
-    it (its own `graceful_shutdown`, the long polls of every handle), and Ray prints each failure as a
-    "(raylet) Task ServeController... failed ... will be retried" line in a healthy run. The controller
-    goes with `ray.shutdown()` on a local cluster; on a shared one, other Serve applications stay up.
-    """
-    from ray import serve
-    from ray.serve.exceptions import RayServeException
-
-    with contextlib.suppress(RayServeException):  # Serve never started (the run failed early): nothing to stop
-        serve.delete(app)
-
-
 def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, Any]:
     """One training run (or its continuation); returns the final summary printed on the last line."""
     import ray
+
+    from diprl.inference.server import stop_serving
 
     quiet_libraries(verbose)
     run_dir = prepare_run_dir(config, resolved_yaml)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import tempfile
 import time
@@ -87,11 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
-    from ray import serve
 
     from diprl.inference.adapters import AdapterStore
     from diprl.inference.config import ServerConfig
-    from diprl.inference.server import serve_policy
+    from diprl.inference.server import serve_policy, stop_serving
     from diprl.policy.models import save_random_lora
 
     root = Path(tempfile.mkdtemp(prefix="diprl-bench-inference-"))
@@ -154,11 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _tokens(result)
             bar.update()
         finally:
-            # Delete the application rather than `serve.shutdown()`: killing the Serve controller makes
-            # Ray print a "(raylet) Task ServeController... failed" line for every call still waiting on
-            # it; ray.shutdown() stops the controller with the rest of this local cluster.
-            with contextlib.suppress(Exception):
-                serve.delete(config.name)
+            stop_serving(config.name)
             ray.shutdown()
 
     print(f"\n{'path':<34}{'tokens/s':>10}")

@@ -124,10 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         summarise("bots only, one Ray rollout worker", *best)
         print(f"\nbare game layer, same matches and phase counts, one process: {bare_rate:.1f} phases/s")
         if not args.skip_model:
-            from ray import serve
-
             from diprl.inference.config import ServerConfig
-            from diprl.inference.server import serve_policy
+            from diprl.inference.server import serve_policy, stop_serving
 
             with progress_bar(3, "tiny model: starting the PolicyServer", enabled, "stage") as bar:
                 quiet_libraries(args.verbose)  # again: importing Ray Serve installs its own INFO-level logger
@@ -156,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             summarise("tiny model through the PolicyServer", model_summaries, wall)
             bad = sum(s["bad_completions"] for s in model_summaries)
             print(f"  bad completions: {bad}; groups delivered: {sum(s['delivered'] for s in model_summaries)}")
-            serve.delete("policy")
+            stop_serving("policy")
     finally:
         ray.shutdown()
     print(f"rollout_efficiency={rollout_rate / bare_rate:.2f}")

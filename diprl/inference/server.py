@@ -472,6 +472,20 @@ def _serve_running() -> bool:
     return True
 
 
+def stop_serving(app: str) -> None:
+    """Delete the Serve application `app` (a PolicyServer) and wait for its replicas to stop.
+
+    Not `serve.shutdown()`: that kills the Serve controller, which fails every call still waiting on
+    it (its own `graceful_shutdown`, the long polls of every handle), and Ray prints each failure as a
+    "(raylet) Task ServeController... failed" line in a healthy run. The controller goes with
+    `ray.shutdown()` on a local cluster; on a shared one, other Serve applications stay up.
+    """
+    from ray.serve.exceptions import RayServeException
+
+    with contextlib.suppress(RayServeException):  # Serve never started (a run failed early): nothing to stop
+        serve.delete(app)
+
+
 def serve_policy(config: ServerConfig) -> Any:
     """Start (or update) the PolicyServer on the running Ray cluster and return its deployment handle.
 
