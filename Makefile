@@ -40,6 +40,7 @@ run: install train
 
 # The main job: league RL of the tiny Qwen3 on a local Ray cluster (about 10 minutes here).
 TRAIN_ARGS ?= +experiment=pfsp
+PYTEST_ARGS ?= -q
 train: install
 	@mkdir -p $(TMPDIR)
 	$(BIN)/python -m diprl.train $(TRAIN_ARGS)
@@ -54,7 +55,7 @@ ladder: install
 
 test: install
 	@mkdir -p $(TMPDIR)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check diprl tests
