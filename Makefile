@@ -8,7 +8,9 @@ STAMP := $(VENV)/.installed-cpu
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE := offline
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
-export RAY_AUTH_MODE := disabled
+export RAY_USAGE_STATS_ENABLED := 0
+export VLLM_NO_USAGE_STATS := 1
+export DO_NOT_TRACK := 1
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export VLLM_CPU_KVCACHE_SPACE := 1
 export DS_BUILD_OPS := 0
@@ -22,9 +24,21 @@ export PYTHONPATH := $(CURDIR)
 
 ARENA_ARGS ?= --hero dumbbot --opponents random --games 70 --max-year 1935
 
-.PHONY: install run train arena ladder test lint format bench clean
+.PHONY: install system-packages run train arena ladder test lint format bench clean
 
-install: $(STAMP)
+install: system-packages $(STAMP)
+
+# Debian packages some tests need: strace, iproute2 and util-linux for the loopback-only network audit
+# (diprl.netaudit). Installed when missing and this is root with apt-get; otherwise named.
+SYSTEM_TOOLS := strace ip unshare
+SYSTEM_PACKAGES := strace iproute2 util-linux
+system-packages:
+	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES); \
+	  else echo "note: the network audit test needs$$missing: install the Debian packages $(SYSTEM_PACKAGES) as root" >&2; fi; \
+	fi
 
 # The CPU stack in one venv. torch is pinned to the +cpu build (a free resolver pulls GBs of CUDA
 # wheels); torchvision & co. are removed because the PyPI builds need CUDA and break `import vllm`.

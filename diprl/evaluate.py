@@ -21,7 +21,6 @@ goes to stderr when it is a terminal (`progress=false`: none); library logs stay
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -102,19 +101,14 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
 
     from diprl.inference.config import load_server_config
     from diprl.inference.server import serve_policy, stop_serving
+    from diprl.raysession import connect
     from diprl.rollout.clients import ServeClient
 
     quiet_libraries(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
     server = replace(load_server_config(config.server), adapter_root=str(Path(config.adapters).resolve()))
     if config.verbose:
         server = replace(server, log_level="INFO")  # the replicas' vLLM and Serve logs too
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        num_cpus=config.ray_cpus or None,
-        include_dashboard=False,
-        **ray_init_options(config.verbose),
-    )
+    connect(address="local", num_cpus=config.ray_cpus or None, **ray_init_options(config.verbose))
     try:
         print(f"starting the PolicyServer ({config.server}, adapters {server.adapter_root})", file=sys.stderr)
         serve_policy(server)

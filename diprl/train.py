@@ -24,13 +24,16 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
 from diprl.atomic_io import fsync_dir
 from diprl.console import quiet_libraries, ray_init_options
 from diprl.rollout.episode import EpisodeConfig
+
+if TYPE_CHECKING:
+    from diprl.raysession import RayInfo
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAMESPACE = "diprl"
@@ -575,29 +578,21 @@ def _plain(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def init_ray(config: Config, verbose: bool = False) -> dict[str, Any]:
-    """Join the cluster named by RAY_ADDRESS, or start a loopback-only local Ray."""
-    import ray
+def init_ray(config: Config, verbose: bool = False) -> RayInfo:
+    """Join the cluster named by RAY_ADDRESS, or start a loopback-only local Ray (see diprl.raysession)."""
+    from diprl.raysession import connect
 
-    address = os.environ.get("RAY_ADDRESS")
+    t = config.train
+    wanted = int(config.inference.replica_cpus * config.inference.num_replicas + len(config.league.roles) + 1)
+    wanted += int(t.num_workers * t.worker_cpus + 0.999)
     # Actors' own output (vLLM, Serve replicas) stays in Ray's log files unless --verbose: the terminal
     # shows our progress and results.
-    kwargs: dict[str, Any] = {"namespace": NAMESPACE, **ray_init_options(verbose)}
-    if address:
-        context = ray.init(address=address, **kwargs)
-    else:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        t = config.train
-        wanted = int(config.inference.replica_cpus * config.inference.num_replicas + len(config.league.roles) + 1)
-        wanted += int(t.num_workers * t.worker_cpus + 0.999)
-        num_cpus = t.ray_num_cpus or max(os.cpu_count() or 1, wanted)
-        context = ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=t.dashboard,
-            dashboard_host="127.0.0.1",
-            **kwargs,
-        )
-    return {"dashboard": getattr(context, "dashboard_url", None), "address": getattr(context, "address_info", {})}
+    return connect(
+        num_cpus=t.ray_num_cpus or max(os.cpu_count() or 1, wanted),
+        dashboard=t.dashboard,
+        namespace=NAMESPACE,
+        **ray_init_options(verbose),
+    )
 
 
 def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, Any]:
@@ -609,10 +604,9 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
     quiet_libraries(verbose)
     run_dir = prepare_run_dir(config, resolved_yaml)
     info = init_ray(config, verbose)
-    dashboard = info.get("dashboard")
     print(f"run directory: {run_dir}", flush=True)
-    if dashboard:
-        print(f"Ray dashboard: http://{dashboard}", flush=True)
+    if hint := info.dashboard_hint():
+        print(hint, flush=True)
     driver = Driver(config, run_dir, verbose)
     try:
         driver.start()

@@ -1,4 +1,8 @@
-"""Offline, loopback-only defaults for every test (the same values the Makefile exports)."""
+"""Offline, loopback-only defaults for every test (the same values the Makefile exports).
+
+Ray's token authentication stays on (its token lives in the diprl cache, see diprl.raysession) and
+every test that needs Ray starts it through `diprl.raysession`, which pins loopback.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,10 @@ import os
 for _name, _value in {
     "HF_HUB_OFFLINE": "1",
     "WANDB_MODE": "offline",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_AUTH_MODE": "disabled",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }.items():
     os.environ.setdefault(_name, _value)
+
+from diprl.raysession import prepare_environment  # noqa: E402  (after the offline defaults)
+
+prepare_environment()  # before any test module imports Ray or vLLM

@@ -337,7 +337,6 @@ def make_environment(root: Path = REPO) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         WANDB_MODE="offline",
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        RAY_AUTH_MODE="disabled",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         VLLM_CPU_KVCACHE_SPACE="1",
         DS_BUILD_OPS="0",

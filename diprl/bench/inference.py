@@ -83,14 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
     from diprl.inference.adapters import AdapterStore
     from diprl.inference.config import ServerConfig
     from diprl.inference.server import serve_policy, stop_serving
     from diprl.policy.models import save_random_lora
+    from diprl.raysession import connect
 
     root = Path(tempfile.mkdtemp(prefix="diprl-bench-inference-"))
     store = AdapterStore(root / "adapters")
@@ -115,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bare, validation_s = bare_engine(config, base_requests, args.rounds)
         bar.update()
         bar.set_description("starting the PolicyServer")
-        ray.init(num_cpus=threads + 2, include_dashboard=False, **ray_init_options(args.verbose))
+        connect(address="local", num_cpus=threads + 2, **ray_init_options(args.verbose))
         try:
             quiet_libraries(args.verbose)  # again: importing Ray Serve installs its own INFO-level logger
             handle = serve_policy(config)

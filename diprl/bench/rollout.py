@@ -18,7 +18,6 @@ For each: fork-phases per second, LLM completions per second, and a latency wate
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import tempfile
 import time
@@ -83,10 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
+    from diprl.raysession import connect
     from diprl.rollout.episode import EpisodeConfig
     from diprl.rollout.worker import RolloutRunner, WorkerConfig, stratified_matches
 
@@ -95,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     matches = bot_matches(args.matches, args.seed)
     assert not any(m.trains for m in matches) and all(is_bot(r) for m in matches for r in m.seats.values())
     print(f"rollout benchmark: group size {args.group_size}, horizon 1 year, {args.workers} workers")
-    ray.init(num_cpus=args.workers + 2, include_dashboard=False, **ray_init_options(args.verbose))
+    connect(address="local", num_cpus=args.workers + 2, **ray_init_options(args.verbose))
     enabled = bar_enabled(args.quiet)
     try:
         # A bar over the stages (closed before each block of results is printed).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -204,13 +205,25 @@ def init_distributed(use_gpu: bool) -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    # The group has one rank and lives in this process: its rendezvous port must be free HERE. A port
-    # inherited from a parent (a driver that ran a learner in-process passes its MASTER_PORT to every
-    # Ray worker it starts) is still bound by that parent, so a fresh one is always taken.
+    # The group has one rank and lives in this process. Its rendezvous is a file, not a TCP store: a TCP
+    # store would need a port free HERE (a parent's inherited MASTER_PORT is still bound by that parent)
+    # and torch's socket code asks DNS for the name of ::ffff:127.0.0.1 when it connects.
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ[key] = value
     os.environ["MASTER_PORT"] = str(_free_port())
-    deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo", auto_mpi_discovery=False, verbose=False)
+    if not use_gpu:
+        # gloo otherwise resolves this machine's host name (a DNS query) to pick its interface; the
+        # one-rank group talks to itself over loopback.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    rendezvous = Path(tempfile.mkdtemp(prefix="diprl-learner-")) / "rendezvous"
+    deepspeed.init_distributed(
+        dist_backend="nccl" if use_gpu else "gloo",
+        auto_mpi_discovery=False,
+        verbose=False,
+        init_method=rendezvous.as_uri(),
+        rank=0,
+        world_size=1,
+    )
 
 
 def deepspeed_config(config: LearnerConfig) -> dict[str, Any]:

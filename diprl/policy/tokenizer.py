@@ -9,7 +9,7 @@ pre-tokenizer regex, an NFC normalizer, the 26 Qwen3 added tokens and a `tokeniz
 with the Qwen3 chat template. The result is built once into the cache and loaded with
 `AutoTokenizer` like any hub checkout.
 
-The cache primitives (`cache_root`, `build_cached_dir`) live here because the tokenizer is the
+The cache primitive `build_cached_dir` lives here (the root is `diprl.cache.cache_root`) because the tokenizer is the
 first cached artefact; `diprl.policy.models` reuses them for the tiny model. A cached directory is
 only trusted when its stamp matches the current recipe and every file's size and SHA-256, so a
 changed recipe, a truncated file or a killed build is rebuilt instead of being half-loaded.
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from diprl.atomic_io import fsync_dir, sha256_file
+from diprl.cache import cache_root
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "DIPRL_CACHE_DIR"
 STAMP_FILE = ".diprl-stamp.json"
 
 RECIPE_VERSION = 1
@@ -188,20 +188,6 @@ prompt carries an empty think block, so the model answers directly; reasoning of
 dropped from history, as in the hub template."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def cache_root() -> Path:
-    """`$DIPRL_CACHE_DIR`, else `<repo>/.cache` (git-ignored), else `~/.cache/diprl` when installed.
-
-    One root for every built artefact keeps `make clean` and CI caching to a single directory.
-    """
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "pyproject.toml").is_file():
-        return repo / ".cache"
-    return Path.home() / ".cache" / "diprl"
 
 
 def fingerprint(obj: Any) -> str:

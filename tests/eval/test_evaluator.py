@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +59,9 @@ def test_bad_pools_are_refused() -> None:
 def test_the_named_actor_evaluates_on_a_local_ray_cluster(tmp_path: Path) -> None:
     import ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(num_cpus=2, include_dashboard=False)
+    from diprl.raysession import connect
+
+    connect(address="local", num_cpus=2)
     try:
         config = EvaluatorConfig(pool=["bot:random"], client="uniform", plots=False, games=1, max_year=1901)
         handle = start_evaluator(config, tmp_path)  # the caller keeps the handle: the actor lives with it

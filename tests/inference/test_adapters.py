@@ -563,11 +563,11 @@ def test_local_cache_prefers_the_shared_store_and_falls_back_to_fetch(tmp_path: 
 
 def test_ray_object_store_transport(tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     ray = pytest.importorskip("ray")
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     store = AdapterStore(tmp_path / "learner")
     version = store.resolve(store.publish("hero", loras["a"]).name)
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    from diprl.raysession import connect
+
+    connect(address="local", num_cpus=1, logging_level="ERROR")
     try:
         refs = {version.name: adapters.put_adapter(version)}
         cache = LocalAdapterCache(tmp_path / "replica", fetch=adapters.object_store_fetch(refs))

@@ -25,6 +25,7 @@ from diprl.policy.models import create_tiny_model, load_preset, resolve_model_pa
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
+from diprl.raysession import connect
 
 from .lora_fixtures import make_lora_dir
 
@@ -50,8 +51,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
     from diprl.inference.server import serve_policy
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     root = tmp_path_factory.mktemp("server")
     store = AdapterStore(root / "adapters")
     lora_dirs = {
@@ -60,7 +59,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     for name, path in lora_dirs.items():
         assert store.publish(name.split("@")[0], path).name == name
     port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1")
+    connect(address="local", num_cpus=4)
     from diprl.inference.registry import REGISTRY_NAME, start_registry
 
     registry = start_registry()  # versions missing from the server's directory come through the object store

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from diprl.league import LeagueConfig, league_actor
+from diprl.raysession import connect
 
 from .helpers import hero_wins
 
@@ -16,8 +17,7 @@ ray = pytest.importorskip("ray")
 
 
 def test_killed_league_actor_restarts_with_its_state(tmp_path: Path) -> None:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(num_cpus=1, include_dashboard=False)
+    connect(address="local", num_cpus=1)
     try:
         config = LeagueConfig(roles=["main"], snapshot_steps=1)
         league = league_actor(config, tmp_path)

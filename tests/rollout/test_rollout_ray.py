@@ -3,7 +3,6 @@ when a worker dies mid-rollout, and the real PolicyServer with the tiny model.""
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +22,10 @@ OPPONENTS = ["bot:dumbbot", "base", "bot:random"]
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    import ray
+    from diprl.raysession import ray_session
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
+    with ray_session(address="local", num_cpus=4):
+        yield
 
 
 def check_group(group: dict[str, Any], group_size: int) -> None:

@@ -1,0 +1,166 @@
+"""`python -m diprl.netaudit [-- command ...]`: run a command where nothing can leave, and list every try.
+
+The command runs in a network namespace of its own with only the loopback interface up (`unshare -n`),
+under `strace` tracing `connect()` (with `--seccomp-bpf`, so untraced calls run at full speed). Nothing
+can reach another machine from there, so the audit is safe to run anywhere; what it shows is every
+attempt the command *would* have made: an address outside 127.0.0.0/8 and ::1, or a DNS query (a
+`connect` to port 53, which means some library tried to resolve a name that is not in /etc/hosts).
+
+Without a command it audits the `smoke` training experiment, the whole system in a minute or two: a
+local Ray head with its dashboard, the PolicyServer (vLLM), rollout workers, the learner (DeepSpeed),
+the league and the evaluator. It exits 1 and names process and address for each attempt, 0 when every
+connection stayed on this machine. Needs root (for the namespace), `unshare`, `ip` and `strace`
+(Debian: `util-linux`, `iproute2`, `strace`; `make install` installs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TOOLS = ("unshare", "ip", "strace")
+_LINE = re.compile(r"^(?P<pid>\d+)\s+(?P<call>\w+)\((?P<args>.*)$")
+_INET = re.compile(r'sa_family=AF_INET,\s*sin_port=htons\((?P<port>\d+)\),\s*sin_addr=inet_addr\("(?P<addr>[^"]+)"\)')
+_INET6 = re.compile(
+    r'sa_family=AF_INET6,\s*sin6_port=htons\((?P<port>\d+)\).*?inet_pton\(AF_INET6,\s*"(?P<addr>[^"]+)"'
+)
+_EXEC = re.compile(r'^"(?P<path>[^"]*)",\s*\[(?P<argv>[^\]]*)\]')
+_CLONE_RESULT = re.compile(r"=\s*(?P<child>\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One `connect()` to somewhere other than this machine (or a DNS server)."""
+
+    pid: int
+    process: str  # the command line of the program that made it
+    address: str
+    port: int
+
+    def __str__(self) -> str:
+        what = "DNS query to" if self.port == 53 else "connect to"
+        return f"{what} {self.address}:{self.port} by pid {self.pid} ({self.process})"
+
+
+def missing_tools() -> list[str]:
+    """What the audit needs and this machine lacks (root included)."""
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        missing.append("root (for unshare -n)")
+    return missing
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def _short(argv: str) -> str:
+    words = re.findall(r'"((?:[^"\\]|\\.)*)"', argv)
+    return " ".join(words)[:160] or argv[:160]
+
+
+def parse_trace(text: str) -> list[Attempt]:
+    """The attempts to leave this machine in an `strace -f -e trace=connect,execve,clone...` log.
+
+    Each attempt is named by the last program its process (or the nearest ancestor that ran one)
+    executed, so a Ray worker reads as `default_worker.py`, the dashboard as `dashboard.py`.
+    """
+    program: dict[int, str] = {}
+    parent: dict[int, int] = {}
+    attempts: list[Attempt] = []
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if match is None:
+            continue
+        pid, call, args = int(match["pid"]), match["call"], match["args"]
+        if call == "execve":
+            exe = _EXEC.match(args)
+            if exe is not None and not args.rstrip().endswith("ENOENT (No such file or directory)"):
+                program[pid] = _short(exe["argv"])
+        elif call in ("clone", "clone3", "fork", "vfork"):
+            child = _CLONE_RESULT.search(args)
+            if child is not None:
+                parent[int(child["child"])] = pid
+        elif call == "connect":
+            inet = _INET.search(args) or _INET6.search(args)
+            if inet is None:
+                continue  # AF_UNIX, AF_NETLINK...
+            address, port = inet["addr"], int(inet["port"])
+            if is_loopback(address) and port != 53:
+                continue
+            if address in ("0.0.0.0", "::") and port == 0:
+                continue  # a UDP socket being disconnected (AF_UNSPEC-style reset)
+            attempts.append(Attempt(pid, _program_of(pid, program, parent), address, port))
+    return attempts
+
+
+def _program_of(pid: int, program: dict[int, str], parent: dict[int, int]) -> str:
+    seen = set()
+    while pid not in program and pid in parent and pid not in seen:
+        seen.add(pid)
+        pid = parent[pid]
+    return program.get(pid, "?")
+
+
+def audit(command: Sequence[str], trace_file: Path, cwd: Path | None = None, timeout_s: float | None = None) -> int:
+    """Run `command` in a loopback-only namespace under strace; return its exit code (trace in `trace_file`)."""
+    if missing := missing_tools():
+        raise RuntimeError(f"the network audit needs {', '.join(missing)}")
+    inner = (
+        "ip link set lo up && exec strace -f --seccomp-bpf -qq -s 256 "
+        "-e trace=connect,execve,clone,clone3,fork,vfork "
+        f"-o {shlex.quote(str(trace_file))} {shlex.join(command)}"
+    )
+    # -p -f --mount-proc: a process table of its own, so nothing the command leaves behind outlives it.
+    wrapped = ["unshare", "-n", "-p", "-f", "--mount-proc", "sh", "-c", inner]
+    return subprocess.run(wrapped, cwd=cwd, timeout=timeout_s, check=False).returncode
+
+
+def default_command(run_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "diprl.train",
+        "+experiment=smoke",
+        "train.max_steps=1",
+        f"train.run_dir={run_dir}",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diprl.netaudit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", type=Path, default=None, help="where to keep the strace log")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to audit (after --)")
+    args = parser.parse_args(argv)
+    command = [c for c in args.command if c != "--"] if args.command else []
+    workdir = Path(tempfile.mkdtemp(prefix="diprl-netaudit-"))
+    trace = args.trace or workdir / "connect.trace"
+    if not command:
+        command = default_command(workdir / "run")
+    print(f"auditing: {shlex.join(command)}", flush=True)
+    code = audit(command, trace)
+    attempts = parse_trace(trace.read_text())
+    for attempt in attempts:
+        print(f"LEAK {attempt}")
+    print(f"command_exit={code} attempts_off_loopback={len(attempts)} trace={trace}")
+    return 1 if attempts or code else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
