@@ -4,8 +4,8 @@ A token's advantage is
 
     A(token) = A_group(completion) + order_coef * r_order(order the token belongs to)
 
-    A_group(i) = (R_i - mean(R)) / std(R)      (population std, ddof = 0; `normalise=False` drops the
-                                                division, as in Dr. GRPO)
+    A_group(i) = (R_i - mean(R)) / max(std(R), std_floor)
+                 (population std, ddof = 0; `normalise=False` drops the division, as in Dr. GRPO)
 
 where R are the trajectory returns of the G forks of one decision state and `r_order` is the
 order's own reward from the `Rubric` (0 for tokens outside any order: tags, EOS, reasoning).
@@ -15,6 +15,11 @@ its siblings, but it is one number for every order in it, so a useless order ins
 completion is reinforced with the rest. The order term moves each order's tokens relative to the
 other tokens of the same completion: a void support always ends up `order_coef` below its
 neighbours and a critical support `order_coef` above, whatever the game's outcome.
+
+Why a floor in return units: dividing by the group's own std gives a group whose returns differ by
+one bounce (5.6e-4) the same advantages as one whose returns differ by five centres, so opponent noise
+would be trained on at full weight. Below `std_floor` (about one centre's worth of return by default)
+advantages shrink in proportion to the real difference; above it they are ordinary GRPO advantages.
 
 A group whose returns are all equal (std < eps) carries no comparison, so it is skipped and counted
 rather than trained on with an all-zero group advantage; its order rewards are dropped with it, so
@@ -46,6 +51,10 @@ class CreditConfig:
     order_coef: float = 0.2
     # A group whose returns' population std is below this is skipped (no comparison to learn from).
     eps: float = 1e-6
+    # The smallest std a group is divided by, in return units. A centre held at the horizon is
+    # outcome_share / scale = 0.9 / 18 = 0.05 of return with the default rewards: groups that differ by
+    # less than about a centre (a bounce, a dislodgement in one fork) get proportionally small advantages.
+    std_floor: float = 0.05
     # Divide by the group's std (GRPO). False keeps r - mean (Dr. GRPO): advantages are then in
     # return units, so `order_coef` must shrink with them.
     normalise: bool = True
@@ -60,14 +69,18 @@ class CreditConfig:
             raise ValueError(f"credit.train_turns must be one of {', '.join(TRAIN_TURNS)}, got {self.train_turns!r}")
         if not self.eps > 0:
             raise ValueError(f"credit.eps must be positive, got {self.eps}")
+        if not (np.isfinite(self.std_floor) and self.std_floor >= 0):
+            raise ValueError(f"credit.std_floor must be finite and >= 0, got {self.std_floor}")
         if not np.isfinite(self.order_coef):
             raise ValueError(f"credit.order_coef must be finite, got {self.order_coef}")
 
 
 def group_advantages(
-    returns: Sequence[float], eps: float = 1e-6, normalise: bool = True
+    returns: Sequence[float], eps: float = 1e-6, normalise: bool = True, std_floor: float = 0.0
 ) -> tuple[list[float] | None, float]:
     """GRPO advantages of one group and the group's population std; None when the group is flat.
+
+    With `normalise`, the centred returns are divided by `max(std, std_floor)` (see the module doc).
 
     Population std (ddof = 0) because the group is the whole population being compared, not a
     sample of a larger one, and it keeps a group of two well defined: [0, 1] gives [-1, +1].
@@ -81,7 +94,7 @@ def group_advantages(
     if std < eps:
         return None, std
     centred = values - values.mean()
-    return (centred / std if normalise else centred).tolist(), std
+    return (centred / max(std, std_floor) if normalise else centred).tolist(), std
 
 
 def _order_block(text: str) -> tuple[int, int]:
@@ -203,7 +216,7 @@ class CreditAssigner:
         For callers that build records one completion at a time (then `token_advantages` below).
         """
         self.groups_seen += 1
-        advantages, std = group_advantages(returns, self.cfg.eps, self.cfg.normalise)
+        advantages, std = group_advantages(returns, self.cfg.eps, self.cfg.normalise, self.cfg.std_floor)
         if advantages is None:
             self.groups_skipped += 1
         return advantages, std

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,17 +178,23 @@ class Episode:
             scores.append(self.rubric.score(game, fork, match.hero))
         returns = [s.total for s in scores]
         out.returns = list(returns)
-        advantages, std = self.credit.group_advantages(returns)
         out.results = [_match_result(match, i, f) for i, f in enumerate(forks)]
+        # A fork whose forked decision failed (an engine error, a malformed answer: the game layer
+        # played holds) is not trained, so it is not part of the baseline either: its return would
+        # shift the mean and std of the forks that are.
+        compared = [i for i, turns in enumerate(hero_turns) if turns and _trainable(turns[0].answer)]
+        out.untrainable_completions += len(forks) - len(compared)
+        advantages, std = self.credit.group_advantages([returns[i] for i in compared])
         if advantages is None:
             out.skipped_zero_variance = True
         elif match.trains:
             all_turns = self.credit.cfg.train_turns == "all"
             records = []
-            for turns, score, advantage in zip(hero_turns, scores, advantages, strict=True):
+            for i, advantage in zip(compared, advantages, strict=True):
+                turns, score = hero_turns[i], scores[i]
                 for turn_index, turn in enumerate(turns if all_turns else turns[:1]):
                     answer = turn.answer
-                    if answer.get("error") or not answer.get("token_ids") or not answer.get("prompt_ids"):
+                    if not _trainable(answer):
                         out.untrainable_completions += 1  # counted, never trained on, never fatal
                         continue
                     # Per-order rewards are scored for the forked decision only; later turns carry the
@@ -223,7 +229,7 @@ class Episode:
                     phase=root_phase,
                     policy_version=match.seats[match.hero],
                     records=records,
-                    returns=returns,
+                    returns=[returns[i] for i in compared],
                     advantage_std=std,
                 )
             )
@@ -232,6 +238,11 @@ class Episode:
             out.trace = _trace(match, root_phase, forks, hero_answers, scores, returns)
         out.timings = dict(out.timings)
         return out
+
+
+def _trainable(answer: Mapping[str, Any]) -> bool:
+    """A completion the learner can use: no error, and the ids it needs to recompute logprobs."""
+    return not answer.get("error") and bool(answer.get("token_ids")) and bool(answer.get("prompt_ids"))
 
 
 def _match_result(match: Match, fork: int, game: DiplomacyGame) -> MatchResult:

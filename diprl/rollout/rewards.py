@@ -86,6 +86,9 @@ class OrderWeights:
     void_support: float = -1.0
     # The supported order fails without it (found by re-adjudicating a fork): the best a support does.
     critical_support: float = 1.0
+    # Decisive, but for another power's unit: it took a centre or held a province for a rival. No
+    # reward of its own by default: whether lending a rival strength was wise shows in the outcome.
+    critical_support_for_rival: float = 0.0
     # The supported order succeeds without it too. Slightly negative: the unit could have done
     # something else, but a spare support is insurance against a cut the policy cannot foresee.
     redundant_support: float = -0.1
@@ -257,6 +260,7 @@ class OrderLabel(StrEnum):
 
     VOID = SupportVerdict.VOID.value
     CRITICAL = SupportVerdict.CRITICAL.value
+    CRITICAL_FOR_RIVAL = "critical_for_rival"  # decisive, but the supported unit is another power's
     REDUNDANT = SupportVerdict.REDUNDANT.value
     FUTILE = SupportVerdict.FUTILE.value
     CUT = SupportVerdict.CUT.value
@@ -281,7 +285,10 @@ def order_labels(before: DiplomacyGame, record: PhaseRecord, power: str) -> dict
         order = parse_order(text)
         codes = record.results.get(order.unit, ())
         if order.kind == SUPPORT and order.unit in verdicts:
-            labels[text] = OrderLabel(verdicts[order.unit].value)
+            label = OrderLabel(verdicts[order.unit].value)
+            if label is OrderLabel.CRITICAL and not _own_unit(before, power, order.supported_unit):
+                label = OrderLabel.CRITICAL_FOR_RIVAL
+            labels[text] = label
         elif order.kind == MOVE and "bounce" in codes:
             labels[text] = OrderLabel.BOUNCED
         elif order.kind == MOVE and not codes:
@@ -291,12 +298,18 @@ def order_labels(before: DiplomacyGame, record: PhaseRecord, power: str) -> dict
     return labels
 
 
+def _own_unit(game: DiplomacyGame, power: str, unit: str) -> bool:
+    """Whether `unit` ("A BUR", "F SPA" written without its coast) is one of `power`'s units in `game`."""
+    return any(own == unit or own[:5] == unit[:5] for own in game.units(power))
+
+
 def order_weight(label: OrderLabel, cfg: RewardConfig) -> float:
     """The configured reward of one label (labels and weights are kept apart so logs show labels)."""
     w = cfg.orders
     return {
         OrderLabel.VOID: w.void_support,
         OrderLabel.CRITICAL: w.critical_support,
+        OrderLabel.CRITICAL_FOR_RIVAL: w.critical_support_for_rival,
         OrderLabel.REDUNDANT: w.redundant_support,
         OrderLabel.FUTILE: w.futile_support,
         OrderLabel.CUT: w.cut_support,

@@ -33,6 +33,23 @@ def test_group_advantages_by_hand() -> None:
     assert advantages == pytest.approx([-1.2247, 0.0, 1.2247], abs=1e-4)
 
 
+def test_the_floor_keeps_a_bounce_from_weighing_like_five_centres() -> None:
+    # One bounce of shaping: 0.1 * (-0.1) / 18 = -5.6e-4 of return in one fork of four.
+    bounce = [0.0, -5.6e-4, 0.0, 0.0]
+    # Five centres more in one fork: 0.9 * 5 / 18 = 0.25.
+    five_centres = [0.0, 0.25, 0.0, 0.0]
+    unfloored, _ = group_advantages(bounce)
+    assert unfloored == pytest.approx([0.577, -1.732, 0.577, 0.577], abs=1e-3)  # the defect: full weight
+    small, std = CreditAssigner().group_advantages(bounce)
+    big, big_std = CreditAssigner().group_advantages(five_centres)
+    assert small is not None and big is not None
+    # Below the floor (0.05) the bounce is divided by the floor: (-5.6e-4 - mean) / 0.05, about -0.0084.
+    assert small == pytest.approx([(r - sum(bounce) / 4) / 0.05 for r in bounce])
+    assert max(abs(a) for a in small) < 0.01
+    # Five centres: std 0.108 > floor, ordinary GRPO advantages.
+    assert big_std > 0.05 and big == pytest.approx([-0.577, 1.732, -0.577, -0.577], abs=1e-3)
+
+
 def test_flat_group_is_skipped() -> None:
     assert group_advantages([5.0, 5.0, 5.0]) == (None, 0.0)
     assert group_advantages([5.0]) == (None, 0.0)  # a group of one compares with nothing

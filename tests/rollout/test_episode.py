@@ -87,3 +87,37 @@ def test_policy_of_routes_versions_to_their_learner() -> None:
     assert policy_of("main@v3") == "main"
     assert policy_of("main_exploiter@v12") == "main_exploiter"
     assert policy_of("base") == "" and policy_of("bot:random") == ""
+
+
+class _FailsOneFork:
+    """The uniform client, except that the second fork's forked decision comes back as an engine error."""
+
+    def __init__(self, inner: UniformConstrainedClient) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def generate(self, requests: list[dict]) -> list[dict]:
+        answers = self.inner.generate(requests)
+        self.calls += 1
+        if self.calls == 1:  # warmup 0 at S1901M: the first call is the forked decision of every fork
+            answers[1] = {"policy": answers[1]["policy"], "error": "EngineDead: replica restarting", "orders": []}
+        return answers
+
+
+def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
+    episode = _episode("fork", group_size=4)
+    episode.client = _FailsOneFork(episode.client)
+    out = episode.run(_match(5))
+    assert out.group is not None and len(out.results) == 4, "the failed fork still played (holds) and reports"
+    kept = [r for i, r in enumerate(out.returns) if i != 1]
+    assert out.group.returns == kept and len(out.group.records) == 3
+    expected, _ = episode.credit.group_advantages(kept)
+    assert expected is not None
+    _, table = _table()
+    for record, advantage in zip(out.group.records, expected, strict=True):
+        orders = list(record.order_rewards)
+        rebuilt = episode.credit.token_advantages(
+            advantage, record.completion_ids, table.texts, orders, record.order_rewards
+        )
+        assert record.advantages == pytest.approx(rebuilt)
+    assert out.untrainable_completions == 1

@@ -43,6 +43,7 @@ DISTINCT = RewardConfig(
     orders=OrderWeights(
         void_support=-1.0,
         critical_support=2.0,
+        critical_support_for_rival=0.9,
         redundant_support=-0.3,
         futile_support=-0.4,
         cut_support=-0.5,
@@ -80,6 +81,13 @@ ORDER_CASES = {
         {"GERMANY": ["A MUN", "A RUH"], "FRANCE": ["A BUR"]},
         {"GERMANY": ["A MUN - BUR", "A RUH S A MUN - BUR"], "FRANCE": ["A BUR H"]},
         {"GERMANY": {"A MUN - BUR": 0.7, "A RUH S A MUN - BUR": 2.0}, "FRANCE": {"A BUR H": 0.0}},
+    ),
+    # Germany lends Italy the decisive support into TYR (held by Austria): critical, but for a rival.
+    # Italy's own move has no order reward of its own beyond moving (0.7).
+    "critical_for_rival": (
+        {"GERMANY": ["A MUN"], "ITALY": ["A VEN"], "AUSTRIA": ["A TYR"]},
+        {"GERMANY": ["A MUN S A VEN - TYR"], "ITALY": ["A VEN - TYR"], "AUSTRIA": ["A TYR H"]},
+        {"GERMANY": {"A MUN S A VEN - TYR": 0.9}, "ITALY": {"A VEN - TYR": 0.7}},
     ),
     # 3 v 1: either support alone still makes 2 v 1.
     "redundant": (
