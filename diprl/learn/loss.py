@@ -20,7 +20,12 @@ rare token the engines disagree on cannot dominate the step. With no lag the rat
 value and the step is the plain policy gradient weighted by the drift correction.
 
 Per-token loss:  -w * min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)
-                 - entropy_coef * H  +  kl_coef * k3(pi_theta, pi_ref)
+                 - entropy_coef * H  +  kl_coef * k2(pi_theta, pi_ref)
+The KL penalty's gradient is k2's, (logp - logp_ref) * grad(logp): over tokens sampled from the policy
+it is the gradient of KL(pi_theta || pi_ref), the direction meant. k3 (exp(d) - d - 1), the usual
+GRPO choice, has gradient (1 - pi_ref / pi_theta) * grad(logp), whose expectation under pi_theta is
+the gradient of the reverse KL(pi_ref || pi_theta); it is still what the logs report as `kl`, being
+the unbiased, non-negative estimate of KL(pi_theta || pi_ref)'s value.
 Normalisation: summed over every token of the optimiser step and divided by that step's token count
 (`total_tokens`), the same for every micro-batch, so gradient accumulation is exact and a long
 completion weighs as many tokens as it has (no per-sequence mean, hence no length bias).
@@ -62,11 +67,19 @@ def truncated_importance_weight(
     return raw.clamp(max=cap), raw > cap
 
 
+def k2_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """0.5 * (logp - logp_ref)^2 per sampled token: the penalty whose gradient, over tokens sampled from
+    pi_theta, is that of KL(pi_theta || pi_ref) (see the module doc); differentiable in `logp` only."""
+    d = logp - logp_ref.detach()
+    return 0.5 * d * d
+
+
 def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi_theta || pi_ref) per sampled token: exp(d) - d - 1, d = ref - logp.
 
-    Non-negative, zero exactly where the two agree, and an unbiased estimate for tokens sampled from
-    pi_theta; per token rather than on summed sequence log-ratios, so it cannot explode with length.
+    Non-negative, zero exactly where the two agree, and an unbiased estimate of the KL's value for tokens
+    sampled from pi_theta; per token, so it cannot explode with length. Logged, not differentiated: its
+    gradient points along the reverse KL (see the module doc).
     """
     d = logp_ref.detach() - logp
     return torch.exp(d) - d - 1.0
@@ -164,11 +177,11 @@ def grpo_loss(
             total = total - entropy_coef * ent
         stats.add_sum("entropy", ent.detach())
     if logp_ref is not None:
-        kl = k3_kl(logp, logp_ref)
         if kl_coef > 0:
-            total = total + kl_coef * kl.sum()
-        stats.add_sum("kl", kl.detach().sum())
-        stats.add_extremes("kl", kl.detach())
+            total = total + kl_coef * k2_kl(logp, logp_ref).sum()
+        kl = k3_kl(logp.detach(), logp_ref)
+        stats.add_sum("kl", kl.sum())
+        stats.add_extremes("kl", kl)
     with torch.no_grad():
         log_ratio = logp.detach() - logp_old
         drift = logp_old - behaviour

@@ -83,6 +83,12 @@ def test_truncated_importance_weight_caps_engine_drift() -> None:
     assert logp.grad is not None
     assert torch.allclose(logp.grad, _t(-2.0 / 2, -1.0 / 2))
     assert stats.summary()["tis_capped_frac"] == pytest.approx(0.5)
+    # ...also when `logp_old` arrives attached to the graph (no lag: the same tensor as logp). Were the
+    # weight or the ratio's denominator not detached, gradient would flow through them and differ.
+    attached = _t(-1.0, -1.0).requires_grad_()
+    loss, _ = grpo_loss(attached, attached, _t(-3.0, -1.0), _t(1.0, 1.0), total_tokens=2, **KW)
+    loss.backward()
+    assert attached.grad is not None and torch.allclose(attached.grad, logp.grad)
 
 
 def test_token_normalisation_sums_over_all_tokens_of_the_step() -> None:
@@ -141,6 +147,39 @@ def test_k3_kl_is_zero_at_the_reference_and_positive_elsewhere() -> None:
         **KW,
     )
     assert float(loss.detach()) == 0.0 and stats.summary()["kl"] == 0.0
+
+
+def test_the_kl_penalty_pulls_along_kl_of_policy_to_reference() -> None:
+    """Over tokens sampled from pi, the penalty's expected gradient is grad KL(pi || ref), not KL(ref || pi).
+
+    Three tokens, logits theta; the expectation is taken exactly by weighting each token's gradient
+    with pi (detached), as sampling would on average.
+    """
+    theta = _t(1.0, 0.0, -1.0).requires_grad_()
+    ref = torch.log_softmax(_t(-1.0, 0.5, 0.2), dim=0)
+    logp = torch.log_softmax(theta, dim=0)
+    pi = logp.detach().exp()
+    expected = sum(
+        pi[t]
+        * grpo_loss(
+            logp[t : t + 1],
+            logp[t : t + 1].detach(),
+            logp[t : t + 1].detach(),
+            _t(0.0),
+            total_tokens=1,
+            logp_ref=ref[t : t + 1],
+            kl_coef=1.0,
+            **KW,
+        )[0]
+        for t in range(3)
+    )
+    (grad_penalty,) = torch.autograd.grad(expected, theta, retain_graph=True)
+    forward_kl = (logp.exp() * (logp - ref)).sum()
+    (grad_forward,) = torch.autograd.grad(forward_kl, theta, retain_graph=True)
+    reverse_kl = (ref.exp() * (ref - logp)).sum()
+    (grad_reverse,) = torch.autograd.grad(reverse_kl, theta)
+    assert torch.allclose(grad_penalty, grad_forward, atol=1e-12)
+    assert not torch.allclose(grad_forward, grad_reverse, atol=1e-3)  # the two directions do differ here
 
 
 def test_nll_is_the_token_mean_negative_log_likelihood() -> None:
