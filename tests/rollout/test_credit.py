@@ -40,7 +40,7 @@ def test_the_floor_keeps_a_bounce_from_weighing_like_five_centres() -> None:
     five_centres = [0.0, 0.25, 0.0, 0.0]
     unfloored, _ = group_advantages(bounce)
     assert unfloored == pytest.approx([0.577, -1.732, 0.577, 0.577], abs=1e-3)  # the defect: full weight
-    small, std = CreditAssigner().group_advantages(bounce)
+    small, _ = CreditAssigner().group_advantages(bounce)
     big, big_std = CreditAssigner().group_advantages(five_centres)
     assert small is not None and big is not None
     # Below the floor (0.05) the bounce is divided by the floor: (-5.6e-4 - mean) / 0.05, about -0.0084.
