@@ -108,6 +108,29 @@ class Payoff:
     def win_rates(self, a: str, others: Sequence[str]) -> list[float]:
         return [self.win_rate(a, b) for b in others]
 
+    def measured(self, a: str, b: str) -> bool:
+        """Whether a and b have played enough (`min_games`, and at least one game) for a real win rate."""
+        return a == b or self.games(a, b) >= max(self.min_games, 1e-9)
+
+    def measured_subset(self, members: Sequence[str]) -> list[str]:
+        """Members, less those that leave a pair unmeasured: every pair of the result has played.
+
+        Greedy: repeatedly drop the member with the most unmeasured pairs (ties: fewer games, then
+        name), so a table where a bot never met another bot keeps the learner and whichever bots it
+        played. An unmeasured pair reads 0.5 in `matrix`, a result nobody observed; a Nash equilibrium
+        solved over it is a fiction (main beating Random 90% and losing to DumbBot 90% would give
+        Random, DumbBot and an unplayed `base` a third each).
+        """
+        keep = list(members)
+        while len(keep) > 1:
+            missing = {m: sum(not self.measured(m, o) for o in keep) for m in keep}
+            played = {m: sum(self.games(m, o) for o in keep if o != m) for m in keep}
+            worst = max(keep, key=lambda m: (missing[m], -played[m], m))
+            if missing[worst] == 0:
+                break
+            keep.remove(worst)
+        return keep
+
     def matrix(self, members: Sequence[str]) -> list[list[float]]:
         return [[self.win_rate(a, b) for b in members] for a in members]
 

@@ -190,6 +190,25 @@ def test_unknown_refs_and_bad_options_are_clear_errors(tmp_path: Path) -> None:
         LeagueManager(LeagueConfig(roles=["main"]), tmp_path / "fresh").next_match("main")
 
 
+def test_nash_weights_come_from_measured_payoffs_only(tmp_path: Path) -> None:
+    """Main beats Random 9 in 10 and loses to DumbBot 9 in 10; no bot ever met another, `base` met nobody.
+
+    Over the 0.5-filled table the equilibrium was a third each for Random, DumbBot and `base`. Over what
+    was measured ({main, DumbBot} once Random, whose pair with DumbBot is unplayed, is left out), DumbBot
+    beats main: all the weight is DumbBot's, and members never measured get none.
+    """
+    manager = league(tmp_path, anchors=["bot:random", "bot:dumbbot", "base"])
+    keys = set(manager.members)
+    main = next(k for k in keys if k.startswith("main"))
+    for i in range(10):
+        manager.payoff.update(main, "bot:random", 0.0 if i == 0 else 1.0)
+        manager.payoff.update(main, "bot:dumbbot", 1.0 if i == 0 else 0.0)
+    nash = manager.summary()["nash"]
+    assert set(nash) == keys
+    assert nash["bot:dumbbot"] == pytest.approx(1.0, abs=1e-6)
+    assert nash["base"] == 0.0 and nash["bot:random"] == 0.0 and nash[main] == pytest.approx(0.0, abs=1e-6)
+
+
 def test_summary_shape(tmp_path: Path) -> None:
     manager = league(tmp_path, roles=["main", "main_exploiter", "league_exploiter"])
     for policy in ("main", "main_exploiter", "league_exploiter"):

@@ -38,6 +38,12 @@ def test_killed_league_actor_restarts_with_its_state(tmp_path: Path) -> None:
         assert after["pool"] == before["pool"] and after["payoff"] == before["payoff"]
         assert [m["member"] for m in after["pool"]] == ["bot:random", "bot:dumbbot", "base", "main", "main@v2"]
         assert ray.get(league.current.remote("main")) == "main@v2"
-        assert league_actor(config, tmp_path) is not None  # get_if_exists: the same named actor
+        # get_if_exists: a restarted driver gets the running actor back, not a second league
+        again = league_actor(config, tmp_path)
+        assert again._actor_id == league._actor_id
+        assert ray.get(again.__ray_call__.remote(lambda self: os.getpid())) == ray.get(
+            league.__ray_call__.remote(lambda self: os.getpid())
+        )
+        assert ray.get(again.current.remote("main")) == "main@v2"
     finally:
         ray.shutdown()
