@@ -11,7 +11,9 @@ the decoder could never write raises instead of becoming a silent training targe
 Bot games are dominated by movement phases and by the powers that survive longest, so the kept
 decisions are stratified over (power, phase class) with a water-filling quota (`allocate`), and
 held-out states come from whole held-out games: positions of one game are strongly correlated,
-and a split by state would leak them into the evaluation.
+and a split by state would leak them into the evaluation. Different games still meet the same states
+(every game opens on the same board, and bots play the same openings), so a held-out decision whose
+state (power and prompt) also occurs in a training game is dropped too: held out by game and by state.
 """
 
 from __future__ import annotations
@@ -349,6 +351,10 @@ def generate(config: TeacherConfig, tokenizer: Any, table: TokenTable, progress:
         pools["heldout" if index in heldout else "train"].extend(decisions)
         if progress is not None:
             progress(1)
+    train_states = {(d.power, d.prompt) for d in pools["train"]}
+    unseen = [d for d in pools["heldout"] if (d.power, d.prompt) not in train_states]
+    seen_in_train = len(pools["heldout"]) - len(unseen)
+    pools["heldout"] = unseen
     rng = random.Random(f"sample:{config.seed}")
     out: dict[str, list[TeacherExample]] = {}
     skipped = 0
@@ -372,6 +378,7 @@ def generate(config: TeacherConfig, tokenizer: Any, table: TokenTable, progress:
         "games": config.games,
         "heldout_games": sorted(heldout),
         "decisions": {split: len(pools[split]) for split in SPLITS},
+        "heldout_seen_in_train": seen_in_train,  # held-out decisions dropped: their state is in a training game
         "examples": {split: len(out[split]) for split in SPLITS},
         "skipped_too_long": skipped,
         "strata": {split: strata_counts(out[split]) for split in SPLITS},

@@ -177,6 +177,12 @@ def test_generated_data_is_stratified_and_split_by_game(data: TeacherData) -> No
     heldout_games = {e.game for e in data.heldout}
     assert heldout_games == set(data.summary["heldout_games"]) and len(heldout_games) == 2
     assert not train_games & heldout_games
+    # ...and by state: every game opens on the same board, so the openings of held-out games are
+    # training states too; they are dropped from the held-out split.
+    train_states = {(e.power, tuple(e.prompt_ids)) for e in data.train}
+    assert not [e for e in data.heldout if (e.power, tuple(e.prompt_ids)) in train_states]
+    assert data.summary["heldout_seen_in_train"] >= 14  # two held-out games' S1901M, seven powers each
+    assert all(e.phase != "S1901M" for e in data.heldout)
     assert {e.power for e in data.train} == set(DiplomacyGame().powers)
     assert {c for _, c in (e.stratum for e in data.train)} <= set(PHASE_CLASSES)
 
