@@ -45,7 +45,15 @@ class EpisodeConfig:
     temperature: float = 1.0
     max_tokens: int = 384
     trace_fraction: float = 0.1
-    max_advance_phases: int = 12  # phases to look for a hero movement decision after the warmup
+    max_advance_phases: int = 12  # phases to look for a hero decision to fork after the warmup
+    # Share of the hero's retreat, build and disband decisions met after the warmup that are forked
+    # (the rest are played on to the next movement decision). Without it those phase kinds never get
+    # a gradient: waived builds and careless disbands would never be trained away.
+    adjustment_fork_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.adjustment_fork_share <= 1.0:
+            raise ValueError(f"episode.adjustment_fork_share must be in [0, 1], got {self.adjustment_fork_share}")
 
 
 @dataclass
@@ -147,11 +155,18 @@ class Episode:
             if game.is_done:
                 break
             self._play_phase([game], match, bots, out)
-        for _ in range(cfg.max_advance_phases):
-            if game.is_done or (game.phase_type == "M" and game.legal_orders(match.hero).kind is PhaseKind.MOVEMENT):
+        forked = False
+        for advanced in range(cfg.max_advance_phases + 1):
+            if game.is_done:
+                break
+            kind = game.legal_orders(match.hero).kind
+            if kind is PhaseKind.MOVEMENT or (kind is not PhaseKind.NONE and rng.random() < cfg.adjustment_fork_share):
+                forked = True
+                break
+            if advanced == cfg.max_advance_phases:
                 break
             self._play_phase([game], match, bots, out)
-        if game.is_done or game.legal_orders(match.hero).kind is not PhaseKind.MOVEMENT:
+        if not forked:
             return out  # no decision left for the hero (eliminated, or the game ended): nothing to train
 
         root_phase, root_year = game.phase, game.year

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -26,11 +27,12 @@ def _table() -> tuple[object, TokenTable]:
     return tokenizer, token_table(tokenizer, 151936)
 
 
-def _episode(train_turns: str, group_size: int = 3) -> Episode:
+def _episode(train_turns: str, group_size: int = 3, **episode: Any) -> Episode:
     tokenizer, table = _table()
     reward = load_reward_config("default")
     credit = CreditAssigner(CreditConfig(train_turns=train_turns))
-    config = EpisodeConfig(group_size=group_size, warmup_max_phases=0, horizon_years=1, trace_fraction=0.0)
+    options: dict[str, Any] = {"warmup_max_phases": 0, "horizon_years": 1, "trace_fraction": 0.0} | episode
+    config = EpisodeConfig(group_size=group_size, **options)
     client = UniformConstrainedClient(table, seed=3, tokenizer=tokenizer)
     return Episode(config, Rubric(reward), credit, client, table)
 
@@ -121,3 +123,19 @@ def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
         )
         assert record.advantages == pytest.approx(rebuilt)
     assert out.untrainable_completions == 1
+
+
+def _forked_kind(share: float) -> str:
+    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 0) ends at W1903A,
+    where France builds: found by search, fixed by the seeds."""
+    episode = _episode("fork", group_size=2, warmup_min_phases=7, warmup_max_phases=7, adjustment_fork_share=share)
+    out = episode.run(_match(0))
+    assert out.group is not None
+    return f"{out.group.phase} {PowerOrders.from_dict(out.group.records[0].legal).kind.value}"
+
+
+def test_builds_and_disbands_are_forked_at_the_configured_share() -> None:
+    assert _forked_kind(1.0) == "W1903A build"
+    assert _forked_kind(0.0).endswith(" movement")  # played on to the next movement decision
+    with pytest.raises(ValueError, match="adjustment_fork_share"):
+        EpisodeConfig(adjustment_fork_share=1.5)
