@@ -402,7 +402,7 @@ class LeagueManager:
         if force or self._nash_cache is None or self._nash_cache[0] != stamp:
             # Solved over measured pairs only; members outside the measured set get no weight.
             keys = self.payoff.measured_subset(list(self.members))
-            weights = max_entropy_nash(self.payoff.matrix(keys)) if keys else []
+            weights: list[float] = max_entropy_nash(self.payoff.matrix(keys)).tolist() if keys else []
             nash = dict.fromkeys(self.members, 0.0) | {k: float(w) for k, w in zip(keys, weights, strict=True)}
             self._nash_cache = (stamp, nash)
         return dict(self._nash_cache[1])

@@ -22,6 +22,7 @@ def _processor() -> OrderConstraintLogitsProcessor:
     proc.table = token_table(load_tokenizer(resolve_model_path(load_preset("tiny"))), VOCAB)
     proc.device = torch.device("cpu")
     proc.rows = {}
+    proc.seeded = {}
     return proc
 
 
@@ -51,3 +52,33 @@ def test_a_constraint_that_breaks_in_the_engine_ends_its_row_only() -> None:
     good_out.append(banned)
     logits = proc.apply(torch.zeros(2, VOCAB))
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [eos]
+
+
+def test_a_seeded_row_gets_the_same_token_whatever_else_is_in_the_batch() -> None:
+    """Evaluation games differ only by the policy: a seeded request's token depends on its row alone."""
+    legal = DiplomacyGame().legal_orders("FRANCE")
+    other = DiplomacyGame().legal_orders("ENGLAND")
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
+
+    def chosen(batch: list[tuple[int, dict[str, Any], list[int]]], rows: torch.Tensor, row: int) -> list[int]:
+        proc = _processor()
+        proc.update_state(_batch_t(batch))
+        out = proc.apply(rows.clone())
+        return torch.isfinite(out[row]).nonzero().flatten().tolist()
+
+    seeded = constraint_args(legal, sample_seed=7)
+    alone = chosen([(0, seeded, [])], logits[:1], 0)
+    crowded = chosen(
+        [(0, constraint_args(other), []), (1, constraint_args(other), []), (2, seeded, [])], logits[[1, 2, 0]], 2
+    )
+    assert len(alone) == 1 and alone == crowded
+    unseeded = chosen([(0, constraint_args(legal), [])], logits[:1], 0)
+    assert len(unseeded) > 1 and alone[0] in unseeded  # vLLM samples unseeded rows itself, among the same ids
+
+
+def _batch_t(added: list[tuple[int, dict[str, Any], list[int]]]) -> Any:
+    return SimpleNamespace(
+        removed=[],
+        moved=[],
+        added=[(i, SimpleNamespace(extra_args=args, temperature=1.0), [], out) for i, args, out in added],
+    )
