@@ -17,6 +17,7 @@ Several suites (crossplay, the evaluator's opponent pool) share one lockstep run
 
 from __future__ import annotations
 
+import hashlib
 import math
 import multiprocessing as mp
 import time
@@ -60,6 +61,9 @@ class SuiteConfig:
     written as replay JSON, SVG frames and an HTML viewer under `replay_dir`. `critical_supports`
     re-adjudicates each successful hero support (a few ms each) to tell critical from redundant.
     `workers` > 1 plays a bots-only suite in that many processes (LLM suites run in one, lockstep).
+    `seeded` (the default) gives every LLM seat's request its own sampling seed, from the game's seed,
+    the power and the phase: the same policy plays the same games whatever else shares the engine's
+    batch, so two evaluations differ only by their policies. `temperature` 0 is greedy decoding.
     """
 
     policy: str = "bot:dumbbot"
@@ -74,6 +78,7 @@ class SuiteConfig:
     critical_supports: bool = True
     workers: int = 1
     label: str = ""
+    seeded: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.opponents, str):
@@ -92,8 +97,8 @@ class SuiteConfig:
             raise ValueError(f"replays must be between 0 and games ({self.games}), got {self.replays!r}")
         if self.replays and not self.replay_dir:
             raise ValueError("replays > 0 needs replay_dir (where to write them)")
-        if not isinstance(self.temperature, int | float) or not (0 < self.temperature < math.inf):
-            raise ValueError(f"temperature must be a positive finite number, got {self.temperature!r}")
+        if not isinstance(self.temperature, int | float) or not (0 <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
         if not self.label:
             self.label = f"{self.policy} vs {'+'.join(self.opponents)}"
 
@@ -120,6 +125,7 @@ class GameSpec:
     max_tokens: int
     critical_supports: bool
     replay_dir: str | None = None
+    seeded: bool = True
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,7 @@ def game_specs(config: SuiteConfig, suite: int = 0) -> list[GameSpec]:
                 max_tokens=config.max_tokens,
                 critical_supports=config.critical_supports,
                 replay_dir=config.replay_dir if i < config.replays else None,
+                seeded=config.seeded,
             )
         )
     return specs
@@ -226,13 +233,22 @@ def _request(table: _Table, power: str) -> dict[str, Any]:
     from diprl.policy.prompt import build_prompt
 
     game, spec = table.game, table.spec
-    return {
+    request: dict[str, Any] = {
         "policy": spec.seats[power],
         "prompt": build_prompt(game, power).text,
         "legal": game.legal_orders(power).to_dict(),
         "temperature": spec.temperature,
         "max_tokens": spec.max_tokens,
     }
+    if spec.seeded:
+        request["sample_seed"] = request_seed(spec.seed, power, game.phase)
+    return request
+
+
+def request_seed(game_seed: int, power: str, phase: str) -> int:
+    """The sampling seed of one seat's decision in one game: stable across processes and runs."""
+    digest = hashlib.sha256(f"{game_seed}:{power}:{phase}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: a non-negative int64
 
 
 def play_lockstep(

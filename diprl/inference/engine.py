@@ -82,6 +82,7 @@ class OrderRequest:
     constrained: bool = True
     reasoning_max_tokens: int | None = None
     lora_request: Any = None
+    sample_seed: int | None = None  # sampled by our logits processor, reproducibly (evaluation only)
 
 
 @dataclass(frozen=True)
@@ -102,14 +103,19 @@ class Generation:
 def sampling_params(request: OrderRequest, temperature: float, max_tokens: int, **overrides: Any) -> Any:
     """Sampling exactly as the learner assumes it: plain temperature sampling, no top-p/top-k.
 
-    No per-request seed: vLLM's CPU build cannot use seeded per-request generators with chunked
-    prefill ("CPU Generator does not use offset"); runs are reproducible through the engine seed.
+    No vLLM per-request seed: the CPU build cannot use seeded per-request generators with chunked
+    prefill ("CPU Generator does not use offset"). A request's `sample_seed` is drawn in our logits
+    processor instead (`diprl.policy.sampling`), independent of the rest of the batch.
     """
     from vllm import SamplingParams
 
     from diprl.inference.logits_processor import constraint_args
 
-    extra = constraint_args(request.legal, request.reasoning_max_tokens) if request.constrained else None
+    extra = (
+        constraint_args(request.legal, request.reasoning_max_tokens, request.sample_seed)
+        if request.constrained
+        else None
+    )
     return SamplingParams(
         temperature=temperature,
         top_p=1.0,

@@ -23,13 +23,13 @@ from diprl.game.legal import PhaseKind, PowerOrders
 from diprl.inference.adapters import parse_policy_ref
 
 REQUEST_KEYS = frozenset(
-    {"policy", "prompt", "legal", "temperature", "max_tokens", "reasoning_max_tokens", "request_id"}
+    {"policy", "prompt", "legal", "temperature", "max_tokens", "reasoning_max_tokens", "request_id", "sample_seed"}
 )
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_MAX_TOKENS = 384
 MIN_TEMPERATURE = 0.01
-"""Below this, logits / t overflows float32 for ordinary logits (vLLM treats ~0 as greedy, which the
-learner's importance ratio does not model)."""
+"""Below this (other than exactly 0, greedy decoding for evaluation), logits / t overflows float32 for
+ordinary logits; the learner never trains on greedy completions (no importance ratio to model)."""
 MAX_TEMPERATURE = 100.0
 """Above this every legal order is equally likely already; larger values are typos (1e308 was sent)."""
 MAX_REQUEST_ID = 128
@@ -73,6 +73,7 @@ class ValidRequest:
     max_tokens: int
     reasoning_max_tokens: int | None
     request_id: str | None
+    sample_seed: int | None = None  # drawn in our logits processor, reproducibly (evaluation only)
 
 
 def _is_int(value: Any) -> bool:
@@ -126,10 +127,10 @@ def validate_request(request: Any, limits: EngineLimits) -> ValidRequest:
         not isinstance(temperature, int | float)
         or isinstance(temperature, bool)
         or not math.isfinite(temperature)
-        or not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE
+        or not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE)
     ):
         raise RequestError(
-            f"'temperature' must be a finite number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE:g}], "
+            f"'temperature' must be 0 (greedy) or a finite number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE:g}], "
             f"got {_describe(temperature)}"
         )
     prompt = _validate_prompt(request.get("prompt"), limits)
@@ -156,6 +157,12 @@ def validate_request(request: Any, limits: EngineLimits) -> ValidRequest:
                 f"'request_id' must be 1-{MAX_REQUEST_ID} printable characters, got {_describe(request_id)}"
             )
         _check_text(request_id, "'request_id'")
+    sample_seed = request.get("sample_seed")
+    if sample_seed is not None:
+        if legal is None:
+            raise RequestError("'sample_seed' only applies to constrained requests (with 'legal')")
+        if not _is_int(sample_seed) or not 0 <= sample_seed < 2**63:
+            raise RequestError(f"'sample_seed' must be an int in [0, 2**63) or null, got {_describe(sample_seed)}")
     return ValidRequest(
         policy=policy,
         prompt=prompt,
@@ -164,6 +171,7 @@ def validate_request(request: Any, limits: EngineLimits) -> ValidRequest:
         max_tokens=max_tokens,
         reasoning_max_tokens=reasoning,
         request_id=request_id,
+        sample_seed=sample_seed,
     )
 
 

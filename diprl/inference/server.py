@@ -230,7 +230,7 @@ class PolicyEngine:
         if request.legal is not None:
             reasoning = request.reasoning_max_tokens
             self._check_constraint(request.legal, None if reasoning is None else ReasoningOptions(max_tokens=reasoning))
-            extra = constraint_args(request.legal, reasoning)
+            extra = constraint_args(request.legal, reasoning, request.sample_seed)
         params = SamplingParams(
             temperature=request.temperature,
             top_p=1.0,

@@ -10,7 +10,7 @@ import pytest
 from diprl.bots import make_agent
 from diprl.eval.arena import ArenaConfig, run_arena, standard_powers
 from diprl.eval.refs import UnknownPolicyRef
-from diprl.eval.suite import SuiteConfig, game_specs, run_suite
+from diprl.eval.suite import SuiteConfig, game_specs, request_seed, run_suite
 
 from .conftest import RecordingClient
 
@@ -59,13 +59,23 @@ def test_llm_seats_of_all_games_share_one_call_per_phase(recording_client: Recor
     assert len(first) == 3 * (1 + 3)
     assert Counter(r["policy"] for r in first) == {"base": 3, "main@v2": 9}
     for request in first:
-        assert set(request) == {"policy", "prompt", "legal", "temperature", "max_tokens"}
+        assert set(request) == {"policy", "prompt", "legal", "temperature", "max_tokens", "sample_seed"}
         assert request["max_tokens"] == 64 and request["prompt"].startswith("<|im_start|>")
+    # Every seat of every game has its own sampling seed, fixed by game seed, power and phase.
+    seeds = [r["sample_seed"] for r in first]
+    assert len(set(seeds)) == len(seeds)
+    assert seeds[0] == request_seed(game_specs(config)[0].seed, first[0]["legal"]["power"], "S1901M")
     assert report["llm"]["requests"] == sum(len(c) for c in calls)
     assert report["llm"]["hero_requests"] == sum(r["policy"] == "base" for c in calls for r in c)
     assert report["llm"]["errors"] == 0 and report["order_issues"]["total"] == 0
     specs = game_specs(config)
     assert [s.seats[s.hero] for s in specs] == ["base"] * 3
+
+
+def test_unseeded_suites_send_no_seed(recording_client: RecordingClient) -> None:
+    config = SuiteConfig(policy="base", opponents=["bot:random"], games=1, max_year=1901, max_tokens=64, seeded=False)
+    run_suite(config, recording_client)
+    assert all("sample_seed" not in r for call in recording_client.calls for r in call)
 
 
 def test_llm_seats_without_a_client_are_a_clear_error() -> None:
@@ -90,7 +100,7 @@ def test_workers_do_not_change_results() -> None:
         ({"opponents": []}, "at least one"),
         ({"games": 0}, "games"),
         ({"max_year": 1800}, "max_year"),
-        ({"temperature": 0.0}, "temperature"),
+        ({"temperature": -0.5}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
         ({"replays": 3, "games": 2}, "replays"),
         ({"replays": 1}, "replay_dir"),

@@ -39,6 +39,10 @@ def _not_number_in(low: float, high: float) -> st.SearchStrategy[Any]:
     return junk.filter(outside)
 
 
+# 0 is greedy decoding (evaluation); anything else outside [MIN, MAX] is refused.
+_not_temperature = _not_number_in(MIN_TEMPERATURE, MAX_TEMPERATURE).filter(lambda x: not (x == 0 and x is not False))
+
+
 def _not_int_in(low: int, high: int) -> st.SearchStrategy[Any]:
     return junk.filter(lambda x: isinstance(x, bool) or not isinstance(x, int) or not low <= x <= high)
 
@@ -97,7 +101,7 @@ def malformed_request(draw: st.DrawFn, good: dict[str, Any]) -> Any:
     if choice == 1:
         request["prompt"] = draw(bad_prompt)
     elif choice == 2:
-        request["temperature"] = draw(_not_number_in(MIN_TEMPERATURE, MAX_TEMPERATURE))
+        request["temperature"] = draw(_not_temperature)
     elif choice == 3:
         request["max_tokens"] = draw(_not_int_in(1, CONTEXT))
     elif choice == 4:
@@ -112,7 +116,7 @@ def malformed_request(draw: st.DrawFn, good: dict[str, Any]) -> Any:
         request["request_id"] = draw(st.one_of(st.just(""), st.text(min_size=130), st.just("a\nb"), st.integers()))
     else:  # two broken fields at once
         request["prompt"] = draw(bad_prompt)
-        request["temperature"] = draw(_not_number_in(MIN_TEMPERATURE, MAX_TEMPERATURE))
+        request["temperature"] = draw(_not_temperature)
     return request
 
 

@@ -45,10 +45,15 @@ def test_a_good_request_passes_with_defaults() -> None:
         ({"prompt": []}, "non-empty"),
         ({"prompt": None}, "'prompt' must be"),
         ({"prompt": "x" * 200_000}, "far beyond the context"),
-        ({"temperature": float("nan")}, "'temperature' must be a finite number"),
+        ({"temperature": float("nan")}, "'temperature' must be 0 \\(greedy\\) or a finite number"),
         ({"temperature": float("inf")}, "'temperature'"),
         ({"temperature": 1e308}, "'temperature'"),
-        ({"temperature": 0}, "'temperature'"),
+        ({"temperature": 0.001}, "'temperature' must be 0 \\(greedy\\)"),
+        ({"temperature": -1.0}, "'temperature'"),
+        ({"sample_seed": -1}, "'sample_seed'"),
+        ({"sample_seed": 2**63}, "'sample_seed'"),
+        ({"sample_seed": 1.5}, "'sample_seed'"),
+        ({"sample_seed": True}, "'sample_seed'"),
         ({"temperature": True}, "'temperature'"),
         ({"temperature": "1.0"}, "'temperature'"),
         ({"max_tokens": 10**30}, r"'max_tokens' must be an int in \[1, 2048\]"),
@@ -68,6 +73,15 @@ def test_a_good_request_passes_with_defaults() -> None:
 def test_malformed_fields_are_refused_naming_the_field(change: dict[str, Any], message: str) -> None:
     with pytest.raises(RequestError, match=message):
         validate_request({**good(), **change}, LIMITS)
+
+
+def test_greedy_and_seeded_requests_are_valid() -> None:
+    valid = validate_request({**good(), "temperature": 0, "sample_seed": 2**63 - 1}, LIMITS)
+    assert valid.temperature == 0.0 and valid.sample_seed == 2**63 - 1
+    assert validate_request(good(), LIMITS).sample_seed is None
+    request = {k: v for k, v in good().items() if k != "legal"}
+    with pytest.raises(RequestError, match="only applies to constrained"):
+        validate_request({**request, "sample_seed": 3}, LIMITS)
 
 
 def test_reasoning_budget_needs_legal_orders() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -71,6 +72,19 @@ def test_constrained_sampling_is_always_a_complete_legal_order_set(engine: tuple
         llm, [OrderRequest(r.prompt, r.legal, constrained=False) for r in requests[:20]], max_tokens=48
     )
     assert sum(g.complete for g in free) == 0
+
+
+def test_a_seeded_request_writes_the_same_orders_in_any_batch(engine: tuple[Any, str]) -> None:
+    """Evaluation's reproducibility: the same seeded decision alone, and inside a batch of 31 others."""
+    llm, _ = engine
+    states = decision_states(32, seed=3)
+    seeded = [replace(r, sample_seed=1000 + i) for i, r in enumerate(states[:4])]
+    alone = [generate_orders(llm, [r], temperature=1.0)[0] for r in seeded]
+    crowd = generate_orders(llm, [*states[4:], *seeded[::-1]], temperature=1.0)[-4:][::-1]
+    assert [g.token_ids for g in alone] == [g.token_ids for g in crowd]
+    assert all(g.complete for g in alone)
+    other_seed = generate_orders(llm, [replace(r, sample_seed=2000 + i) for i, r in enumerate(states[:4])])
+    assert [g.token_ids for g in other_seed] != [g.token_ids for g in alone]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
