@@ -37,10 +37,7 @@ def _unsafe(call: ast.Call) -> str | None:
         if func.attr in _UNSAFE_METHODS:
             return func.attr
     for kw in call.keywords:
-        if isinstance(kw.value, ast.Constant) and (kw.arg, kw.value.value) in (
-            ("weights_only", False),
-            ("allow_pickle", True),
-        ):
+        if isinstance(kw.value, ast.Constant) and (kw.arg, kw.value.value) in _UNSAFE_KEYWORDS:
             return f"{kw.arg}={kw.value.value}"
     return None
 
