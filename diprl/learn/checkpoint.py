@@ -1,12 +1,16 @@
-"""Atomic learner checkpoints with a manifest, so a partial or corrupt one is detected and skipped.
+"""Atomic learner checkpoints with a manifest, so a partial, corrupt or tampered one is detected and skipped.
 
-Layout: `<run_dir>/checkpoints/<policy>/step-<N>/` holding whatever the learner writes (DeepSpeed's
-own checkpoint of the LoRA weights and ZeRO optimiser partitions, the adapter in PEFT form, the
-learner state) and `MANIFEST.json`, written last, with the size and SHA-256 of every file. The
-directory is built under a temporary name and renamed into place, so a kill at any moment leaves
-either the previous set of checkpoints or the new complete one. Reading verifies every file
-against the manifest; the newest checkpoint that verifies wins, and each one skipped is reported
-with the reason (missing manifest, file missing, size or hash mismatch).
+Layout: `<run_dir>/checkpoints/<policy>/step-<N>/` holding whatever the learner writes (its state as
+safetensors + JSON, see `state_files`; the adapter in PEFT form) and `MANIFEST.json`, written last
+(atomically, fsynced), with the size and SHA-256 of every file. The directory is built under a
+temporary name and renamed into place, so a kill at any moment leaves either the previous set of
+checkpoints or the new complete one.
+
+Reading trusts nothing but the manifest: every file present must be listed in it, every entry must
+be a plain relative path inside the checkpoint (no `..`, no absolute path, no symlink anywhere), and
+every file must match its size and hash. The newest checkpoint that verifies wins; each one skipped
+is reported with the reason, naming the file. Checkpoints of the first format (pickled `.pt` files,
+which could run code when loaded) are refused, never read.
 """
 
 from __future__ import annotations
@@ -16,38 +20,78 @@ import logging
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from diprl.atomic_io import fsync_dir, sha256_file
+from diprl.atomic_io import fsync_dir, sha256_file, write_file_atomic
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
-FORMAT = "diprl-learner-checkpoint/1"
+FORMAT = "diprl-learner-checkpoint/2"
+PICKLED_FORMAT = "diprl-learner-checkpoint/1"
+"""The first format: `learner_state.pt` and DeepSpeed's own `.pt` files, all pickle. Refused, never read."""
 _STEP_RE = re.compile(r"step-(\d+)")
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600.0
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class CorruptCheckpoint(ValueError):
-    """A checkpoint directory that does not match its manifest (or has none)."""
+    """A checkpoint directory that does not match its manifest (or has none), or is of a refused format."""
 
 
-def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+def _walk(directory: Path) -> list[str]:
+    """Relative POSIX paths of every regular file under `directory` (the manifest aside), never following links.
+
+    A symlink or any other non-regular entry is a `CorruptCheckpoint`: a link could point anywhere.
+    """
+    out: list[str] = []
+
+    def unreadable(err: OSError) -> None:
+        raise CorruptCheckpoint(f"{directory}: cannot list {err.filename} ({err.strerror})")
+
+    for root, dirs, files in os.walk(directory, onerror=unreadable, followlinks=False):
+        for name in sorted(dirs) + sorted(files):
+            path = Path(root) / name
+            rel = path.relative_to(directory).as_posix()
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise CorruptCheckpoint(f"{directory}: {rel} is a symbolic link (a checkpoint holds only plain files)")
+            if stat.S_ISREG(mode):
+                if rel != MANIFEST:
+                    out.append(rel)
+            elif not stat.S_ISDIR(mode):
+                raise CorruptCheckpoint(f"{directory}: {rel} is not a regular file")
+    return sorted(out)
 
 
-def _fsync_tree(directory: Path) -> None:
-    for path in _files(directory):
-        with path.open("rb") as fh:
+def _fsync_files(directory: Path, files: Iterable[str]) -> None:
+    rels = list(files)
+    for rel in rels:
+        with (directory / rel).open("rb") as fh:
             os.fsync(fh.fileno())
-    for sub in sorted({p.parent for p in _files(directory)} | {directory}, key=lambda p: -len(p.parts)):
+    parents = {(directory / rel).parent for rel in rels} | {directory}
+    for sub in sorted(parents, key=lambda p: -len(p.parts)):
         fsync_dir(sub)
+
+
+def _safe_relative(rel: object) -> bool:
+    """A manifest entry names a file inside the checkpoint: relative, normalised, no `..` or `.` parts."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return (
+        not PurePosixPath(rel).is_absolute()
+        and "/".join(parts) == rel
+        and all(part not in ("", ".", "..") for part in parts)
+        and rel != MANIFEST
+    )
 
 
 @dataclass
@@ -66,11 +110,16 @@ class Restored:
 
 
 class CheckpointDir:
-    """The checkpoints of one policy: write atomically, find the newest good one, keep the last few."""
+    """The checkpoints of one policy: write atomically, find the newest good one, keep the last few.
 
-    def __init__(self, root: Path | str, keep: int = 3) -> None:
+    `required`: files every checkpoint must hold (what the reader opens by name); one lacking any is
+    refused like a corrupt one, so a reader never meets a verified checkpoint it cannot load.
+    """
+
+    def __init__(self, root: Path | str, keep: int = 3, required: Iterable[str] = ()) -> None:
         self.root = Path(root)
         self.keep = keep
+        self.required = tuple(required)
 
     def steps(self) -> list[tuple[int, Path]]:
         """(step, path) of every `step-N` directory, oldest first (verified or not)."""
@@ -91,10 +140,14 @@ class CheckpointDir:
         tmp.mkdir()
         try:
             write(tmp)
-            files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _files(tmp)}
+            written = _walk(tmp)
+            lacking = [name for name in self.required if name not in written]
+            if lacking:
+                raise RuntimeError(f"checkpoint writer left out {lacking}")
+            files = {rel: {"size": (tmp / rel).stat().st_size, "sha256": sha256_file(tmp / rel)} for rel in written}
+            _fsync_files(tmp, written)
             manifest = {"format": FORMAT, "step": step, "meta": meta, "files": files}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-            _fsync_tree(tmp)
+            write_file_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
             target = self.root / f"step-{step}"
             trash = None
             if target.exists():  # a re-run of the same step after a restore: the new one replaces it
@@ -111,29 +164,59 @@ class CheckpointDir:
         return target
 
     def verify(self, path: Path) -> Checkpoint:
-        """The checkpoint at `path` if every file matches its manifest; `CorruptCheckpoint` says what does not."""
+        """The checkpoint at `path` if it is exactly what its manifest lists; `CorruptCheckpoint` says what is not."""
+        if path.is_symlink():
+            raise CorruptCheckpoint(f"{path}: the checkpoint directory is a symbolic link")
         manifest_path = path / MANIFEST
+        if manifest_path.is_symlink():
+            raise CorruptCheckpoint(f"{path}: {MANIFEST} is a symbolic link")
         try:
             manifest = json.loads(manifest_path.read_text())
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{path}: no {MANIFEST} (a partial write)") from None
         except (OSError, ValueError) as err:
             raise CorruptCheckpoint(f"{path}: unreadable {MANIFEST} ({err})") from None
+        if isinstance(manifest, dict) and (
+            manifest.get("format") == PICKLED_FORMAT or "learner_state.pt" in (manifest.get("files") or {})
+        ):
+            raise CorruptCheckpoint(
+                f"{path}: written in the old pickled checkpoint format ({PICKLED_FORMAT}, .pt files); it is "
+                "refused and not loaded, because unpickling a file can run arbitrary code. Resume it with the "
+                "diprl release that wrote it, or start a new run"
+            )
         if (
             not isinstance(manifest, dict)
             or manifest.get("format") != FORMAT
             or not isinstance(manifest.get("files"), dict)
+            or not isinstance(manifest.get("step"), int)
         ):
             raise CorruptCheckpoint(f"{path}: {MANIFEST} is not a {FORMAT} manifest")
-        for rel, meta in manifest["files"].items():
+        listed: dict[str, Any] = manifest["files"]
+        for rel in listed:
+            if not _safe_relative(rel):
+                raise CorruptCheckpoint(
+                    f"{path}: manifest entry {rel!r} is not a plain relative path inside the checkpoint"
+                )
+        try:
+            present = _walk(path)
+        except OSError as err:
+            raise CorruptCheckpoint(f"{path}: cannot list its files ({err})") from None
+        unlisted = [rel for rel in present if rel not in listed]
+        if unlisted:
+            raise CorruptCheckpoint(f"{path}: {unlisted[0]} is not listed in {MANIFEST} (a file nobody vouches for)")
+        for rel in self.required:
+            if rel not in listed:
+                raise CorruptCheckpoint(f"{path}: {rel} is missing (not in {MANIFEST})")
+        for rel, meta in sorted(listed.items()):
             file = path / rel
-            try:
-                size = file.stat().st_size
-            except OSError:
-                raise CorruptCheckpoint(f"{path}: {rel} is missing") from None
+            if not isinstance(meta, dict) or not _SHA256_RE.fullmatch(str(meta.get("sha256"))):
+                raise CorruptCheckpoint(f"{path}: {MANIFEST} entry for {rel} has no SHA-256")
+            if rel not in present:
+                raise CorruptCheckpoint(f"{path}: {rel} is missing")
+            size = file.stat().st_size
             if size != meta.get("size"):
                 raise CorruptCheckpoint(f"{path}: {rel} has {size} bytes, the manifest says {meta.get('size')}")
-            if sha256_file(file) != meta.get("sha256"):
+            if sha256_file(file) != meta["sha256"]:
                 raise CorruptCheckpoint(f"{path}: {rel} does not match the SHA-256 in the manifest")
         return Checkpoint(path, int(manifest["step"]), dict(manifest.get("meta") or {}))
 

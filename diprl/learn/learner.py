@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -51,6 +50,8 @@ from diprl.learn.model import (
     make_engine,
     read_adapter_dir,
 )
+from diprl.learn.state_files import read_state, state_paths, write_state
+from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
 from diprl.policy.models import ENDOFTEXT_ID, load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
@@ -58,7 +59,9 @@ from diprl.policy.vocab import token_table
 logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("grpo", "bc")
-STATE_FILE = "learner_state.pt"
+ENGINE_STATE = "engine"  # trainable and master weights, optimizer moments, engine counters
+LEARNER_STATE = "learner"  # step, versions, counters, EMA reference, RNG states
+CHECKPOINT_FILES = tuple(p.name for name in (ENGINE_STATE, LEARNER_STATE) for p in state_paths(Path(), name))
 
 
 class Learner:
@@ -83,7 +86,9 @@ class Learner:
         self.table = token_table(tokenizer, self.vocab_size)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else ENDOFTEXT_ID
-        self.checkpoints = CheckpointDir(self.run_dir / "checkpoints" / config.policy, keep=config.keep_checkpoints)
+        self.checkpoints = CheckpointDir(
+            self.run_dir / "checkpoints" / config.policy, keep=config.keep_checkpoints, required=CHECKPOINT_FILES
+        )
         self.metrics_path = self.run_dir / "learner" / config.policy / "metrics.jsonl"
 
         self.step = 0
@@ -245,14 +250,16 @@ class Learner:
         return self.train_step([{"policy_version": r.get("policy_version"), "records": [r]} for r in records])
 
     def save_checkpoint(self) -> Path:
-        """Write `step-<N>` atomically (adapter, optimiser, EMA, RNG states, step, version, counters)."""
+        """Write `step-<N>` atomically (adapter, optimiser, EMA, RNG states, step, version, counters).
+
+        Nothing is pickled (see `state_files`): DeepSpeed's own checkpoint is not used, its state is
+        taken through the engine (`train_state`). The PEFT `adapter/` copy is for people and tools.
+        """
 
         def write(tmp: Path) -> None:
-            self.engine.save_checkpoint(
-                str(tmp / "deepspeed"), tag="state", save_latest=False, exclude_frozen_parameters=True
-            )
+            write_state(tmp, ENGINE_STATE, engine_state(self.engine))
+            write_state(tmp, LEARNER_STATE, self._state_dict())
             self.peft.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
-            torch.save(self._state_dict(), tmp / STATE_FILE)
 
         self.last_checkpoint = self.checkpoints.save(
             self.step, write, meta={"policy": self.config.policy, "step": self.step, "version": self.version}
@@ -496,38 +503,20 @@ class Learner:
             "min_version": self.min_version,
             "counters": dict(self.counters),
             "ema": {k: v.clone() for k, v in self.ema.items()},
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-            },
+            "rng": rng_state(),
             "config": asdict(self.config),
         }
 
     def _restore(self, checkpoint: Checkpoint) -> None:
-        _, client = self.engine.load_checkpoint(
-            str(checkpoint.path / "deepspeed"),
-            tag="state",
-            load_module_strict=False,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=False,
-        )
-        if client is None:
-            raise RuntimeError(f"{checkpoint.path}: DeepSpeed could not load its checkpoint")
-        state = torch.load(checkpoint.path / STATE_FILE, map_location="cpu", weights_only=False)
+        restore_engine_state(self.engine, read_state(checkpoint.path, ENGINE_STATE))
+        state = read_state(checkpoint.path, LEARNER_STATE)
         self.step = int(state["step"])
         self.version = state["version"]
         self.weights_version = state["weights_version"]
         self.min_version = int(state["min_version"])
         self.counters.update(state["counters"])
         self.ema = {k: v.float() for k, v in state["ema"].items()}
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
+        restore_rng_state(state["rng"])
         self.last_checkpoint = checkpoint.path
         latest = self.store.latest(self.config.policy)
         if latest is not None and self.version is not None and latest.name != self.version:

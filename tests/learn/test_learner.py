@@ -5,6 +5,8 @@ Tests share one learner where they build on each other (in file order) to keep s
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import shutil
 from collections.abc import Iterator
@@ -14,12 +16,14 @@ from typing import Any
 import pytest
 import torch
 
+from diprl.atomic_io import sha256_file
 from diprl.inference.adapters import AdapterStore
 from diprl.learn.batching import collate
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.loss import grpo_loss
 from diprl.learn.model import CompletionHidden, build_peft_model, completion_logprobs, lora_state
+from diprl.learn.train_state import engine_state, rng_state
 from diprl.policy.models import load_preset
 from diprl.policy.tokenizer import load_tokenizer
 
@@ -162,6 +166,22 @@ def _config(**kw: Any) -> LearnerConfig:
     )
 
 
+def _tensors_equal(a: Any, b: Any) -> bool:
+    """Exact equality of two nested states (dicts, lists, tuples, tensors, plain values)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_tensors_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _snapshot(learner: Learner) -> dict[str, Any]:
+    """A deep copy of the engine state (weights, fp32 master weights, Adam moments) and of every RNG."""
+    return copy.deepcopy({"engine": engine_state(learner.engine), "rng": rng_state()})
+
+
 def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_back(
     tmp_path: Path, tokenizer: Any
 ) -> None:
@@ -170,30 +190,69 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     groups = [make_group(a.table, tokenizer, f"main@v{i + 1}", [1.0, -1.0, 0.3], seed=10 + i) for i in range(3)]
     for g in groups[:2]:
         a.train_step([g])
+    at_step_2 = _snapshot(a)  # what the step-2 checkpoint must bring back
     expected = a.train_step([groups[2]])
     expected_weights = lora_state(a.peft)
+    expected_state = _snapshot(a)
     assert expected["kl"] > 0 and expected["entropy"] > 0
+    assert not _tensors_equal(at_step_2["engine"]["optimizer"], expected_state["engine"]["optimizer"])
     a.engine.destroy()
     # killed after step 3 ran but before its checkpoint landed
     shutil.rmtree(run / "checkpoints" / "main" / "step-3")
 
     b = Learner(_config(checkpoint_every=1), run, adapters)
     assert b.step == 2 and b.latest_version() == "main@v3"
+    assert _tensors_equal(_snapshot(b), at_step_2)  # master weights, Adam moments and RNGs bit for bit
     replay = b.train_step([groups[2]])
     assert replay["loss"] == expected["loss"] and replay["kl"] == expected["kl"]
     weights = lora_state(b.peft)
     assert all(torch.equal(weights[k], expected_weights[k]) for k in weights)
+    assert _tensors_equal(_snapshot(b), expected_state)
     b.engine.destroy()
 
     newest = run / "checkpoints" / "main" / "step-3"
-    state = newest / "learner_state.pt"
+    state = newest / "learner.safetensors"
     state.write_bytes(state.read_bytes()[:-10])
     c = Learner(_config(checkpoint_every=1), run, adapters)
     assert c.step == 2
     [(path, reason)] = c.state()["skipped_checkpoints"]
-    assert path == str(newest) and "learner_state.pt" in reason
+    assert path == str(newest) and "learner.safetensors" in reason
     c.engine.destroy()
     assert math.isfinite(expected["grad_norm"])
+
+
+class _Planted:
+    """Unpickling this creates `marker`: the stand-in for whatever code a forged checkpoint would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_pickle_planted_in_a_checkpoint_is_never_unpickled(tmp_path: Path, tokenizer: Any) -> None:
+    run, adapters, marker = tmp_path / "run", tmp_path / "adapters", tmp_path / "code-ran"
+    a = Learner(_config(checkpoint_every=1), run, adapters)
+    for i in range(2):
+        a.train_step([make_group(a.table, tokenizer, f"main@v{i + 1}", [1.0, -1.0, 0.3], seed=10 + i)])
+    a.engine.destroy()
+    newest = run / "checkpoints" / "main" / "step-2"
+    manifest = json.loads((newest / "MANIFEST.json").read_text())
+    # every name the first (pickled) format read, listed with a matching hash as a forger would
+    for rel in ("learner_state.pt", "deepspeed/state/mp_rank_00_model_states.pt"):
+        file = newest / rel
+        file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"step": _Planted(marker)}, file)
+        manifest["files"][rel] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+    (newest / "MANIFEST.json").write_text(json.dumps(manifest))
+
+    b = Learner(_config(checkpoint_every=1), run, adapters)
+    assert not marker.exists()
+    assert b.step == 1
+    [(path, reason)] = b.state()["skipped_checkpoints"]
+    assert path == str(newest) and "pickled" in reason and "not loaded" in reason
+    b.engine.destroy()
 
 
 def test_config_ranges_are_validated() -> None:

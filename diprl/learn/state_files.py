@@ -1,0 +1,128 @@
+"""Nested state (optimizer state dicts, counters, RNG states) as JSON plus safetensors: nothing pickled.
+
+A checkpoint must never be able to run code when it is read: whoever can write into a run
+directory (or hands one over to be resumed) would otherwise own the learner. `torch.save` and
+`torch.load(weights_only=False)` are pickle, so learner state is split instead:
+
+- `<name>.json` holds the structure and every plain value (ints, floats, strings, lists, dicts,
+  tuples and non-string dict keys tagged so they come back as they went in), with each tensor
+  replaced by a reference `{"$tensor": key}`;
+- `<name>.safetensors` holds those tensors, read back with `safetensors` (no code, only bytes).
+
+Anything else in the tree (a numpy array, an object) is a `TypeError` on write, naming where it is,
+so nothing is silently turned into a string that would not load back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "diprl-state/1"
+_TENSOR, _TUPLE, _ITEMS = "$tensor", "$tuple", "$items"
+_TAGS = frozenset({_TENSOR, _TUPLE, _ITEMS})
+
+
+class StateFileError(ValueError):
+    """A state file pair that does not decode: malformed JSON, a dangling or unused tensor reference."""
+
+
+def _child(path: str, key: object) -> str:
+    return f"{path}/{key}" if path else str(key)
+
+
+def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        key = path if path not in tensors else f"{path}#{len(tensors)}"
+        tensors[key] = obj.detach().to("cpu", copy=True).contiguous()
+        return {_TENSOR: key}
+    if isinstance(obj, tuple):
+        return {_TUPLE: [_encode(v, _child(path, i), tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, _child(path, i), tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("$") for k in obj):
+            return {k: _encode(v, _child(path, k), tensors) for k, v in obj.items()}
+        items = []
+        for k, v in obj.items():
+            if not (k is None or isinstance(k, bool | int | float | str)):
+                raise TypeError(f"{path or '/'}: dict key {k!r} of type {type(k).__name__} cannot be stored")
+            items.append([k, _encode(v, _child(path, k), tensors)])
+        return {_ITEMS: items}
+    raise TypeError(
+        f"{path or '/'}: {type(obj).__name__} cannot be stored without pickle (use a tensor or plain values)"
+    )
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor], used: set[str], where: str) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors, used, where) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    tags = _TAGS.intersection(obj)
+    if not tags:
+        return {k: _decode(v, tensors, used, where) for k, v in obj.items()}
+    if len(obj) != 1:
+        raise StateFileError(f"{where}: malformed entry {sorted(obj)[:4]} (a tag must stand alone)")
+    (tag,) = tags
+    value = obj[tag]
+    if tag == _TENSOR:
+        if not isinstance(value, str) or value not in tensors:
+            raise StateFileError(f"{where}: refers to tensor {value!r}, which the .safetensors file lacks")
+        used.add(value)
+        return tensors[value]
+    if not isinstance(value, list):
+        raise StateFileError(f"{where}: {tag} must hold a list")
+    if tag == _TUPLE:
+        return tuple(_decode(v, tensors, used, where) for v in value)
+    out: dict[Any, Any] = {}
+    for pair in value:
+        if not isinstance(pair, list) or len(pair) != 2 or isinstance(pair[0], list | dict):
+            raise StateFileError(f"{where}: malformed {_ITEMS} entry {str(pair)[:80]}")
+        out[pair[0]] = _decode(pair[1], tensors, used, where)
+    return out
+
+
+def state_paths(directory: Path, name: str) -> tuple[Path, Path]:
+    """The JSON and safetensors files that hold state `name` in `directory`."""
+    return directory / f"{name}.json", directory / f"{name}.safetensors"
+
+
+def write_state(directory: Path, name: str, tree: Any) -> None:
+    """Write `tree` as `<name>.json` + `<name>.safetensors` (durability is the caller's: see `checkpoint`)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = _encode(tree, "", tensors)
+    json_path, tensor_path = state_paths(directory, name)
+    save_file(tensors, str(tensor_path), metadata={"format": FORMAT})
+    json_path.write_text(json.dumps({"format": FORMAT, "tree": skeleton}, indent=1, allow_nan=True) + "\n")
+
+
+def read_state(directory: Path, name: str) -> Any:
+    """The tree `write_state` wrote; `StateFileError` (naming the file) if the pair does not decode exactly."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    json_path, tensor_path = state_paths(directory, name)
+    try:
+        doc = json.loads(json_path.read_text())
+    except (OSError, ValueError) as err:
+        raise StateFileError(f"{json_path}: unreadable ({err})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or "tree" not in doc:
+        raise StateFileError(f"{json_path}: not a {FORMAT} state file")
+    try:
+        tensors = load_file(str(tensor_path))
+    except (OSError, SafetensorError) as err:
+        raise StateFileError(f"{tensor_path}: unreadable ({err})") from None
+    used: set[str] = set()
+    tree = _decode(doc["tree"], tensors, used, str(json_path))
+    unused = sorted(set(tensors) - used)
+    if unused:
+        raise StateFileError(f"{tensor_path}: tensors {unused[:3]} are not referenced by {json_path.name}")
+    return tree
