@@ -89,6 +89,11 @@ class ServerConfig:
     # A request that has not finished after this long fails with a timeout (and is aborted in the
     # engine); loading an adapter has the same limit. Nothing a client sends can wait forever.
     request_timeout_s: float = 300.0
+    # The HTTP route shares each replica with training's handle calls (`max_ongoing_requests` counts
+    # both): it runs at most this many completions at once and answers 429 beyond (0: refuses all),
+    # and refuses bodies above max_body_bytes with 413 before parsing them.
+    http_max_ongoing: int = 4
+    max_body_bytes: int = 1 << 20
     max_batch: int = 4096  # requests in one `generate` call
     # vLLM, Ray and Serve logging inside the replicas (their INFO lines bury results); DEBUG/INFO to debug.
     log_level: str = "WARNING"
@@ -128,6 +133,8 @@ class ServerConfig:
         positive_int("max_ongoing_requests", 1, 1 << 20)
         positive_int("port", 0, 65535)
         positive_int("max_batch", 1, 1 << 20)
+        positive_int("http_max_ongoing", 0, 1 << 20)
+        positive_int("max_body_bytes", 1024, 1 << 30)
         if not problems:
             need(
                 self.max_cpu_loras >= self.max_loras,
@@ -138,6 +145,11 @@ class ServerConfig:
                 self.loaded_adapters <= self.max_cpu_loras,
                 f"loaded_adapters ({self.loaded_adapters}) must be <= max_cpu_loras ({self.max_cpu_loras}): "
                 "the server would keep more versions loaded than the engine holds",
+            )
+            need(
+                self.http_max_ongoing < self.max_ongoing_requests,
+                f"http_max_ongoing ({self.http_max_ongoing}) must be < max_ongoing_requests "
+                f"({self.max_ongoing_requests}): the HTTP route must leave room for training's generate calls",
             )
         for name in ("replica_cpus", "replica_gpus", "request_timeout_s"):
             value = getattr(self, name)
