@@ -16,8 +16,10 @@ already delivered), so no group, result or checkpoint is lost. `resume=<run_dir>
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import sys
 import time
 from collections import deque
@@ -34,8 +36,28 @@ from diprl.rollout.episode import EpisodeConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAMESPACE = "diprl"
-SERVE_APP = "policy-server"  # the PolicyServer's Serve application and deployment: its replicas' name
+SERVE_APP = "policy-server"  # prefix of a run's PolicyServer application (and deployment): its replicas' name
 LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
+
+
+def run_id(run_dir: Path) -> str:
+    """A name for what one run creates on a (possibly shared) Ray cluster: the run directory's name
+    plus a hash of its full path, so two runs never share one and a resumed run finds its own."""
+    path = run_dir.resolve()
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", path.name).strip("-")[:48] or "run"
+    return f"{slug}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+
+
+def run_namespace(run_dir: Path) -> str:
+    """The run's Ray namespace: its named actors (ledger, queues, learners, league, evaluator, rollout
+    workers) live there, so another run on the same cluster can neither find nor replace them."""
+    return f"{NAMESPACE}-{run_id(run_dir)}"
+
+
+def serve_app_name(run_dir: Path) -> str:
+    """The run's Serve application, deployment and HTTP route prefix (`/<name>`): Serve names are
+    cluster-wide, not per namespace."""
+    return f"{SERVE_APP}-{run_id(run_dir)}"
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -269,7 +291,6 @@ class Driver:
         from ray.util.queue import Queue
 
         from diprl.eval.evaluator import start_evaluator
-        from diprl.inference.registry import start_registry
         from diprl.inference.server import serve_policy
         from diprl.league.manager import league_actor
         from diprl.learn.learner import learner_actor
@@ -279,13 +300,13 @@ class Driver:
         # Serve configures its own driver-side logger on import: quiet it again.
         quiet_libraries(self.verbose)
         adapter_root = (self.run_dir / "adapters").resolve()
-        self.registry = start_registry()
         server_config = replace(
             cfg.inference,
             adapter_root=str(adapter_root),
             adapter_cache=str((self.run_dir / ".adapter_cache").resolve()),
             adapter_registry=None,
-            name=SERVE_APP,
+            name=serve_app_name(self.run_dir),
+            route_prefix=f"/{serve_app_name(self.run_dir)}",
             log_level="INFO" if self.verbose else cfg.inference.log_level,  # the replicas' vLLM and Serve logs
         )
         self.server = serve_policy(server_config)
@@ -307,7 +328,7 @@ class Driver:
             episode=t.episode,
             reward=t.reward,
             client="serve",
-            serve_app=SERVE_APP,
+            serve_app=serve_app_name(self.run_dir),
             seed=t.seed,
             train_turns=t.train_turns,
         )
@@ -331,7 +352,7 @@ class Driver:
             seed=e.seed,
             temperature=e.temperature,
             max_tokens=self.config.train.episode.max_tokens,
-            serve_app=SERVE_APP,
+            serve_app=serve_app_name(self.run_dir),
         )
 
     # ---------------------------------------------------------------- loop
@@ -504,7 +525,7 @@ class Driver:
         for name in t.chaos:
             if name == "policy-server":  # Serve notices the dead replica and starts another
                 for actor in ray.util.list_named_actors(all_namespaces=True):
-                    if "SERVE_REPLICA" in actor["name"] and SERVE_APP in actor["name"]:
+                    if "SERVE_REPLICA" in actor["name"] and serve_app_name(self.run_dir) in actor["name"]:
                         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=False)
             else:
                 ray.kill(ray.get_actor(name), no_restart=False)
@@ -575,14 +596,15 @@ def _plain(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def init_ray(config: Config, verbose: bool = False) -> dict[str, Any]:
-    """Join the cluster named by RAY_ADDRESS, or start a loopback-only local Ray."""
+def init_ray(config: Config, verbose: bool = False, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """Join the cluster named by RAY_ADDRESS, or start a loopback-only local Ray; the driver and the
+    actors it creates use `namespace` (a run's own: `run_namespace`)."""
     import ray
 
     address = os.environ.get("RAY_ADDRESS")
     # Actors' own output (vLLM, Serve replicas) stays in Ray's log files unless --verbose: the terminal
     # shows our progress and results.
-    kwargs: dict[str, Any] = {"namespace": NAMESPACE, **ray_init_options(verbose)}
+    kwargs: dict[str, Any] = {"namespace": namespace, **ray_init_options(verbose)}
     if address:
         context = ray.init(address=address, **kwargs)
     else:
@@ -608,7 +630,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
 
     quiet_libraries(verbose)
     run_dir = prepare_run_dir(config, resolved_yaml)
-    info = init_ray(config, verbose)
+    info = init_ray(config, verbose, namespace=run_namespace(run_dir))
     dashboard = info.get("dashboard")
     print(f"run directory: {run_dir}", flush=True)
     if dashboard:
@@ -624,7 +646,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         driver.run()
     finally:
         try:
-            stop_serving(SERVE_APP)
+            stop_serving(serve_app_name(run_dir), adapter_root=run_dir / "adapters")  # never another run's
         finally:
             ray.shutdown()
     summary = {

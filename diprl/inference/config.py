@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,8 @@ class ServerConfig:
     seed: int = 0
     engine_extra: dict[str, Any] = field(default_factory=dict)
     # Ray Serve
-    name: str = "policy"
+    name: str = "policy"  # the Serve application and its deployment; one per run on a shared cluster
+    route_prefix: str = "/"  # where the HTTP route lives; applications on one cluster need distinct ones
     num_replicas: int = 1
     autoscaling: dict[str, Any] | None = None  # e.g. {min_replicas: 1, max_replicas: 4, target_ongoing_requests: 32}
     replica_cpus: float = 1.0
@@ -159,6 +161,10 @@ class ServerConfig:
         for name in ("adapter_root", "adapter_cache", "name"):
             value = getattr(self, name)
             need(isinstance(value, str) and bool(value.strip()), f"{name} must be a non-empty string, got {value!r}")
+        need(
+            isinstance(self.route_prefix, str) and re.fullmatch(r"/[A-Za-z0-9._/-]*", self.route_prefix) is not None,
+            f"route_prefix must be a URL path starting with '/', got {self.route_prefix!r}",
+        )
         need(isinstance(self.engine_extra, dict), f"engine_extra must be a mapping, got {self.engine_extra!r}")
         if isinstance(self.engine_extra, dict):
             managed = sorted(ENGINE_MANAGED & set(self.engine_extra))

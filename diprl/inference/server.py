@@ -62,7 +62,17 @@ from diprl.policy.parser import legal_complete, parse_orders
 log = logging.getLogger(__name__)
 HEALTH_CHECK_TIMEOUT_S = 30.0
 
-__all__ = ["BASE", "PolicyEngine", "PolicyServer", "RequestError", "port_in_use", "resolve_model", "serve_policy"]
+__all__ = [
+    "BASE",
+    "PolicyEngine",
+    "PolicyServer",
+    "RequestError",
+    "ServeConflict",
+    "port_in_use",
+    "resolve_model",
+    "serve_policy",
+    "stop_serving",
+]
 
 
 def resolve_model(config: ServerConfig) -> tuple[str, str]:
@@ -470,6 +480,10 @@ class PolicyServer:
     async def check_health(self) -> None:
         await self.engine.check_health()
 
+    async def identity(self) -> dict[str, Any]:
+        """What this server serves, so another `serve_policy` of the same name can tell whose it is."""
+        return {"adapter_root": self.config.adapter_root, "model": self.config.model}
+
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
         names = [BASE] + [
@@ -511,8 +525,42 @@ def _serve_running() -> bool:
     return True
 
 
-def stop_serving(app: str) -> None:
+class ServeConflict(RuntimeError):
+    """A Serve application of this name already serves another run's adapters: deploying would take it over."""
+
+
+IDENTITY_TIMEOUT_S = 60.0
+
+
+def _served_adapter_root(app: str) -> str | None:
+    """The adapter root the running application `app` serves; None when no application has that name.
+
+    Raises `ServeConflict` when one exists but cannot say (not a PolicyServer, or no replica answers):
+    it may belong to another run, so it is not ours to replace or delete.
+    """
+    if not _serve_running():
+        return None
+    overview = serve.status().applications.get(app)
+    if overview is None:
+        return None
+    try:
+        served: dict[str, Any] = serve.get_app_handle(app).identity.remote().result(timeout_s=IDENTITY_TIMEOUT_S)
+        return str(served["adapter_root"])
+    except Exception as exc:
+        raise ServeConflict(
+            f"a Serve application named {app!r} already exists ({overview.status}) and did not say which adapter "
+            f"store it serves ({_error(exc)[:300]}); it may be another run's. Give this server another name "
+            f"(inference.name; training names its own per run), or delete it with `serve.delete({app!r})` "
+            "if it is yours"
+        ) from exc
+
+
+def stop_serving(app: str, adapter_root: str | Path | None = None) -> None:
     """Delete the Serve application `app` (a PolicyServer) and wait for its replicas to stop.
+
+    With `adapter_root`, only if `app` serves that store: a run never deletes another run's server
+    (one whose `serve_policy` was refused, say, still runs its cleanup). An application that cannot
+    say which store it serves is left running, with a warning.
 
     Not `serve.shutdown()`: that kills the Serve controller, which fails every call still waiting on
     it (its own `graceful_shutdown`, the long polls of every handle), and Ray prints each failure as a
@@ -521,6 +569,17 @@ def stop_serving(app: str) -> None:
     """
     from ray.serve.exceptions import RayServeException
 
+    if adapter_root is not None:
+        try:
+            served = _served_adapter_root(app)
+        except ServeConflict as exc:
+            log.warning("left the Serve application %r running: %s", app, exc)
+            return
+        if served is None:
+            return
+        if served != str(Path(adapter_root).resolve()):
+            log.warning("left the Serve application %r running: it serves %s, not %s", app, served, adapter_root)
+            return
     with contextlib.suppress(RayServeException):  # Serve never started (a run failed early): nothing to stop
         serve.delete(app)
 
@@ -532,6 +591,10 @@ def serve_policy(config: ServerConfig) -> Any:
     already holds the HTTP port: Serve would otherwise report ready while requests reach the other
     server. `port: 0` picks a free port and logs it (the returned config's port, `handle` users need
     no port). Library logging inside the replicas follows `config.log_level` (WARNING by default).
+
+    Fails fast with `ServeConflict`, before anything is deployed, when an application of the same
+    name already serves another adapter root (another run on this cluster): updating it would repoint
+    that run's replicas at this store. The same root is an update (a resumed run, a new setting).
     """
     import errno
 
@@ -543,6 +606,13 @@ def serve_policy(config: ServerConfig) -> Any:
         adapter_root=str(Path(config.adapter_root).resolve()),
         adapter_cache=str(Path(config.adapter_cache).resolve()),
     )
+    served = _served_adapter_root(config.name)
+    if served is not None and served != config.adapter_root:
+        raise ServeConflict(
+            f"the Serve application {config.name!r} already serves adapters from {served}; this server's are in "
+            f"{config.adapter_root}. Deploying would repoint that server (another run's?) at this store: give this "
+            "one another name (inference.name; training names its own per run) or stop the other first"
+        )
     if not _serve_running():
         if config.port == 0:
             config = replace(config, port=free_port(config.host))
@@ -575,4 +645,9 @@ def serve_policy(config: ServerConfig) -> Any:
         },
         **scaling,
     )
-    return serve.run(deployment.bind(asdict(config)), name=config.name, route_prefix="/", logging_config=logging_config)
+    return serve.run(
+        deployment.bind(asdict(config)),
+        name=config.name,
+        route_prefix=config.route_prefix,
+        logging_config=logging_config,
+    )
