@@ -114,7 +114,7 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
         serve_policy(server)
         yield ServeClient(app_name=server.name, deployment=server.name)
     finally:
-        stop_serving(server.name)
+        stop_serving(server.name, adapter_root=server.adapter_root)  # only if it serves these adapters
         ray.shutdown()
 
 

@@ -16,8 +16,10 @@ already delivered), so no group, result or checkpoint is lost. `resume=<run_dir>
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import sys
 import time
 from collections import deque
@@ -37,8 +39,28 @@ if TYPE_CHECKING:
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAMESPACE = "diprl"
-SERVE_APP = "policy-server"  # the PolicyServer's Serve application and deployment: its replicas' name
+SERVE_APP = "policy-server"  # prefix of a run's PolicyServer application (and deployment): its replicas' name
 LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
+
+
+def run_id(run_dir: Path) -> str:
+    """A name for what one run creates on a (possibly shared) Ray cluster: the run directory's name
+    plus a hash of its full path, so two runs never share one and a resumed run finds its own."""
+    path = run_dir.resolve()
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", path.name).strip("-")[:48] or "run"
+    return f"{slug}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+
+
+def run_namespace(run_dir: Path) -> str:
+    """The run's Ray namespace: its named actors (ledger, queues, learners, league, evaluator, rollout
+    workers) live there, so another run on the same cluster can neither find nor replace them."""
+    return f"{NAMESPACE}-{run_id(run_dir)}"
+
+
+def serve_app_name(run_dir: Path) -> str:
+    """The run's Serve application, deployment and HTTP route prefix (`/<name>`): Serve names are
+    cluster-wide, not per namespace."""
+    return f"{SERVE_APP}-{run_id(run_dir)}"
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -272,7 +294,6 @@ class Driver:
         from ray.util.queue import Queue
 
         from diprl.eval.evaluator import start_evaluator
-        from diprl.inference.registry import start_registry
         from diprl.inference.server import serve_policy
         from diprl.league.manager import league_actor
         from diprl.learn.learner import learner_actor
@@ -282,13 +303,13 @@ class Driver:
         # Serve configures its own driver-side logger on import: quiet it again.
         quiet_libraries(self.verbose)
         adapter_root = (self.run_dir / "adapters").resolve()
-        self.registry = start_registry()
         server_config = replace(
             cfg.inference,
             adapter_root=str(adapter_root),
             adapter_cache=str((self.run_dir / ".adapter_cache").resolve()),
             adapter_registry=None,
-            name=SERVE_APP,
+            name=serve_app_name(self.run_dir),
+            route_prefix=f"/{serve_app_name(self.run_dir)}",
             log_level="INFO" if self.verbose else cfg.inference.log_level,  # the replicas' vLLM and Serve logs
         )
         self.server = serve_policy(server_config)
@@ -310,7 +331,7 @@ class Driver:
             episode=t.episode,
             reward=t.reward,
             client="serve",
-            serve_app=SERVE_APP,
+            serve_app=serve_app_name(self.run_dir),
             seed=t.seed,
             train_turns=t.train_turns,
         )
@@ -334,7 +355,7 @@ class Driver:
             seed=e.seed,
             temperature=e.temperature,
             max_tokens=self.config.train.episode.max_tokens,
-            serve_app=SERVE_APP,
+            serve_app=serve_app_name(self.run_dir),
         )
 
     # ---------------------------------------------------------------- loop
@@ -507,7 +528,7 @@ class Driver:
         for name in t.chaos:
             if name == "policy-server":  # Serve notices the dead replica and starts another
                 for actor in ray.util.list_named_actors(all_namespaces=True):
-                    if "SERVE_REPLICA" in actor["name"] and SERVE_APP in actor["name"]:
+                    if "SERVE_REPLICA" in actor["name"] and serve_app_name(self.run_dir) in actor["name"]:
                         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=False)
             else:
                 ray.kill(ray.get_actor(name), no_restart=False)
@@ -578,8 +599,9 @@ def _plain(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def init_ray(config: Config, verbose: bool = False) -> RayInfo:
-    """Join the cluster named by RAY_ADDRESS, or start a loopback-only local Ray (see diprl.raysession)."""
+def init_ray(config: Config, verbose: bool = False, namespace: str = NAMESPACE) -> RayInfo:
+    """Join the cluster named by RAY_ADDRESS, or start a loopback-only local Ray (see diprl.raysession);
+    the driver and the actors it creates use `namespace` (a run's own: `run_namespace`)."""
     from diprl.raysession import connect
 
     t = config.train
@@ -590,7 +612,7 @@ def init_ray(config: Config, verbose: bool = False) -> RayInfo:
     return connect(
         num_cpus=t.ray_num_cpus or max(os.cpu_count() or 1, wanted),
         dashboard=t.dashboard,
-        namespace=NAMESPACE,
+        namespace=namespace,
         **ray_init_options(verbose),
     )
 
@@ -603,7 +625,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
 
     quiet_libraries(verbose)
     run_dir = prepare_run_dir(config, resolved_yaml)
-    info = init_ray(config, verbose)
+    info = init_ray(config, verbose, namespace=run_namespace(run_dir))
     print(f"run directory: {run_dir}", flush=True)
     if hint := info.dashboard_hint():
         print(hint, flush=True)
@@ -618,7 +640,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         driver.run()
     finally:
         try:
-            stop_serving(SERVE_APP)
+            stop_serving(serve_app_name(run_dir), adapter_root=run_dir / "adapters")  # never another run's
         finally:
             ray.shutdown()
     summary = {

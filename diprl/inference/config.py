@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,8 @@ class ServerConfig:
     seed: int = 0
     engine_extra: dict[str, Any] = field(default_factory=dict)
     # Ray Serve
-    name: str = "policy"
+    name: str = "policy"  # the Serve application and its deployment; one per run on a shared cluster
+    route_prefix: str = "/"  # where the HTTP route lives; applications on one cluster need distinct ones
     num_replicas: int = 1
     autoscaling: dict[str, Any] | None = None  # e.g. {min_replicas: 1, max_replicas: 4, target_ongoing_requests: 32}
     replica_cpus: float = 1.0
@@ -89,6 +91,11 @@ class ServerConfig:
     # A request that has not finished after this long fails with a timeout (and is aborted in the
     # engine); loading an adapter has the same limit. Nothing a client sends can wait forever.
     request_timeout_s: float = 300.0
+    # The HTTP route shares each replica with training's handle calls (`max_ongoing_requests` counts
+    # both): it runs at most this many completions at once and answers 429 beyond (0: refuses all),
+    # and refuses bodies above max_body_bytes with 413 before parsing them.
+    http_max_ongoing: int = 4
+    max_body_bytes: int = 1 << 20
     max_batch: int = 4096  # requests in one `generate` call
     # vLLM, Ray and Serve logging inside the replicas (their INFO lines bury results); DEBUG/INFO to debug.
     log_level: str = "WARNING"
@@ -128,6 +135,8 @@ class ServerConfig:
         positive_int("max_ongoing_requests", 1, 1 << 20)
         positive_int("port", 0, 65535)
         positive_int("max_batch", 1, 1 << 20)
+        positive_int("http_max_ongoing", 0, 1 << 20)
+        positive_int("max_body_bytes", 1024, 1 << 30)
         if not problems:
             need(
                 self.max_cpu_loras >= self.max_loras,
@@ -139,6 +148,11 @@ class ServerConfig:
                 f"loaded_adapters ({self.loaded_adapters}) must be <= max_cpu_loras ({self.max_cpu_loras}): "
                 "the server would keep more versions loaded than the engine holds",
             )
+            need(
+                self.http_max_ongoing < self.max_ongoing_requests,
+                f"http_max_ongoing ({self.http_max_ongoing}) must be < max_ongoing_requests "
+                f"({self.max_ongoing_requests}): the HTTP route must leave room for training's generate calls",
+            )
         for name in ("replica_cpus", "replica_gpus", "request_timeout_s"):
             value = getattr(self, name)
             ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -147,6 +161,10 @@ class ServerConfig:
         for name in ("adapter_root", "adapter_cache", "name"):
             value = getattr(self, name)
             need(isinstance(value, str) and bool(value.strip()), f"{name} must be a non-empty string, got {value!r}")
+        need(
+            isinstance(self.route_prefix, str) and re.fullmatch(r"/[A-Za-z0-9._/-]*", self.route_prefix) is not None,
+            f"route_prefix must be a URL path starting with '/', got {self.route_prefix!r}",
+        )
         need(isinstance(self.engine_extra, dict), f"engine_extra must be a mapping, got {self.engine_extra!r}")
         if isinstance(self.engine_extra, dict):
             managed = sorted(ENGINE_MANAGED & set(self.engine_extra))

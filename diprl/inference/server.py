@@ -9,7 +9,10 @@ Versions are loaded on first use from the AdapterStore (shared directory) or the
 that travelled through Ray's object store, kept in an LRU and unloaded when it overflows. A bad
 request (unknown or malformed version, corrupt or incompatible adapter, malformed legal orders)
 fails alone with a clear error in its result; it never fails the batch or the replica. Adapter files
-are re-hashed on every load and checked against the served base model (name and weight shapes).
+are re-hashed on every load, checked against the fingerprint pinned when the version was published
+and against the served base model (name and weight shapes), and vLLM is given the replica's private
+copy of exactly the verified bytes (it re-reads the path after its own cache evicts an adapter).
+Each adapter has its own load lock, so a cold load never holds up requests for other adapters.
 """
 
 from __future__ import annotations
@@ -19,16 +22,15 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
 from collections import Counter, OrderedDict
-from dataclasses import asdict, replace
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 from ray import serve
 
 from diprl.game.legal import PowerOrders
@@ -41,8 +43,10 @@ from diprl.inference.adapters import (
     check_compatible,
     parse_policy_ref,
 )
+from diprl.inference.adapters.private import PrivateCopies
 from diprl.inference.config import ServerConfig
 from diprl.inference.engine import ENGINE_ENV, engine_env, sampled_logprobs
+from diprl.inference.http_route import OPENAPI_BODY, CompletionsRoute
 from diprl.inference.logits_processor import OrderConstraintLogitsProcessor, constraint_args
 from diprl.inference.requests import (
     EngineLimits,
@@ -58,7 +62,17 @@ from diprl.policy.parser import legal_complete, parse_orders
 log = logging.getLogger(__name__)
 HEALTH_CHECK_TIMEOUT_S = 30.0
 
-__all__ = ["BASE", "PolicyEngine", "PolicyServer", "RequestError", "port_in_use", "resolve_model", "serve_policy"]
+__all__ = [
+    "BASE",
+    "PolicyEngine",
+    "PolicyServer",
+    "RequestError",
+    "ServeConflict",
+    "port_in_use",
+    "resolve_model",
+    "serve_policy",
+    "stop_serving",
+]
 
 
 def resolve_model(config: ServerConfig) -> tuple[str, str]:
@@ -84,20 +98,83 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class KeyedLocks:
+    """One `asyncio.Lock` per key, forgotten once no one holds or waits for it (the keys requests can
+    name are unbounded: every well-formed adapter name, loadable or not)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+@dataclass(frozen=True)
+class LoadedAdapter:
+    """A version loaded into the engine: the request vLLM knows it by, and its private copy's key."""
+
+    request: Any  # vllm.lora.request.LoRARequest
+    fingerprint: str
+
+
 class PolicyEngine:
     """The async vLLM engine plus adapter management; the deployment is a thin shell around it."""
 
-    def __init__(self, config: ServerConfig) -> None:
-        engine_env()
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
+    def __init__(self, config: ServerConfig, engine: Any = None, tokenizer: Any = None) -> None:
+        """Build vLLM's `AsyncLLM` for `config`, or use the `engine` and `tokenizer` given (tests drive
+        the adapter and request logic with a fake engine that answers like `AsyncLLM`)."""
         from diprl.policy.tokenizer import load_tokenizer
         from diprl.policy.vocab import token_table
 
         self.config = config
         model_path, dtype = resolve_model(config)
         self.model_path = model_path
+        self.engine = engine if engine is not None else self._start_vllm(config, model_path, dtype)
+        # The server's own copy of what the engine and its logits processor use, to validate requests
+        # (prompt length, token ids, the order grammar) before the engine sees them.
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+        model_config = getattr(self.engine, "model_config", None)
+        logits_width = model_config.get_vocab_size() if model_config is not None else len(self.tokenizer)
+        self.table = token_table(self.tokenizer, logits_width)
+        context = model_config.max_model_len if model_config is not None else config.max_model_len
+        self.limits = EngineLimits(max_model_len=int(context), vocab_size=min(len(self.tokenizer), logits_width))
+        self.store = AdapterStore(Path(config.adapter_root))
+        fetch = None
+        if config.adapter_registry:
+            from diprl.inference.registry import registry_fetch
+
+            fetch = registry_fetch(config.adapter_registry)
+        self.cache = LocalAdapterCache(Path(config.adapter_cache), fetch=fetch, store=self.store)
+        self.private = PrivateCopies()  # what vLLM reads: never the store's own files
+        self._loras: OrderedDict[str, LoadedAdapter] = OrderedDict()
+        self._in_use: Counter[str] = Counter()
+        self._next_lora_id = 1
+        self._loading = KeyedLocks()  # one per adapter: a cold load never holds up other adapters
+        self.loads = 0
+        self.unloads = 0
+        self.dead: str | None = None  # why the engine is unusable; health checks fail from then on
+        self.failed_requests = 0
+
+    @staticmethod
+    def _start_vllm(config: ServerConfig, model_path: str, dtype: str) -> Any:
+        engine_env()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
         engine_args: dict[str, Any] = dict(
             model=model_path,
             dtype=dtype,
@@ -114,80 +191,74 @@ class PolicyEngine:
             seed=config.seed,
             **config.engine_extra,
         )
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
-        # The server's own copy of what the engine and its logits processor use, to validate requests
-        # (prompt length, token ids, the order grammar) before the engine sees them.
-        self.tokenizer = load_tokenizer(model_path)
-        model_config = getattr(self.engine, "model_config", None)
-        logits_width = model_config.get_vocab_size() if model_config is not None else len(self.tokenizer)
-        self.table = token_table(self.tokenizer, logits_width)
-        context = model_config.max_model_len if model_config is not None else config.max_model_len
-        self.limits = EngineLimits(max_model_len=int(context), vocab_size=min(len(self.tokenizer), logits_width))
-        self.store = AdapterStore(Path(config.adapter_root))
-        fetch = None
-        if config.adapter_registry:
-            from diprl.inference.registry import registry_fetch
-
-            fetch = registry_fetch(config.adapter_registry)
-        self.cache = LocalAdapterCache(Path(config.adapter_cache), fetch=fetch, store=self.store)
-        self._loras: OrderedDict[str, Any] = OrderedDict()
-        self._in_use: Counter[str] = Counter()
-        self._next_lora_id = 1
-        self._lock = asyncio.Lock()
-        self.loads = 0
-        self.unloads = 0
-        self.dead: str | None = None  # why the engine is unusable; health checks fail from then on
-        self.failed_requests = 0
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
 
     # ------------------------------------------------------------ adapters
-    def _verified_version(self, name: str) -> AdapterVersion:
-        """The version, re-hashed now, checked against this server's rank limit and base model."""
+    def _verified_copy(self, name: str) -> tuple[AdapterVersion, Path]:
+        """The version re-hashed and checked against its pin now, then against this server's rank
+        limit and base model, and the private copy of exactly those bytes that vLLM will read."""
         version = self.cache.get(name)
         check_compatible(version, max_rank=self.config.max_lora_rank, base_model=self.model_path)
-        return version
+        return version, self.private.acquire(version)
 
     async def _acquire(self, policy: str) -> Any:
-        """The LoRARequest for `policy` (None for base), loaded if needed; marks it in use."""
-        from vllm.lora.request import LoRARequest
+        """The LoRARequest for `policy` (None for base), loaded if needed; marks it in use.
 
+        Only requests for the same adapter wait for its load; one already loaded is served at once."""
         ref = parse_policy_ref(policy)
         if ref is None:
             return None
-        async with self._lock:
-            lora = self._loras.get(ref.name)
-            if lora is None:
-                # Hashing a large adapter takes a moment: off the event loop, so streams keep flowing.
-                try:
-                    version = await asyncio.wait_for(
-                        asyncio.to_thread(self._verified_version, ref.name), self.config.request_timeout_s
-                    )
-                except TimeoutError:
-                    raise AdapterError(
-                        f"{ref.name}: fetching and verifying it took more than {self.config.request_timeout_s:g} s"
-                    ) from None
-                lora = LoRARequest(ref.name, self._next_lora_id, str(version.path))
-                self._next_lora_id += 1
-                try:
-                    # Load now: a broken adapter fails here, alone.
-                    await asyncio.wait_for(self.engine.add_lora(lora), self.config.request_timeout_s)
-                except TimeoutError:
-                    raise AdapterError(
-                        f"{ref.name}: the engine did not load it within {self.config.request_timeout_s:g} s"
-                    ) from None
-                except Exception as exc:
-                    self._note_engine_failure(exc)
-                    raise AdapterError(f"{ref.name} could not be loaded by the engine: {_error(exc)}") from exc
-                self._loras[ref.name] = lora
-                self.loads += 1
-            self._loras.move_to_end(ref.name)
+        loaded = self._loras.get(ref.name)
+        if loaded is None:
+            async with self._loading.hold(ref.name):
+                loaded = self._loras.get(ref.name)  # a request that held the lock before us loaded it
+                if loaded is None:
+                    loaded = await self._load(ref.name)
+                    self._loras[ref.name] = loaded
+                    self.loads += 1
+                self._in_use[ref.name] += 1  # before the lock goes: nothing can evict it in between
+        else:
             self._in_use[ref.name] += 1
-            return lora
+        self._loras.move_to_end(ref.name)
+        return loaded.request
+
+    async def _load(self, name: str) -> LoadedAdapter:
+        from vllm.lora.request import LoRARequest
+
+        timeout = self.config.request_timeout_s
+        # Hashing and copying a large adapter take a moment: off the event loop, so streams keep flowing.
+        copying = asyncio.ensure_future(asyncio.to_thread(self._verified_copy, name))
+        try:
+            version, path = await asyncio.wait_for(asyncio.shield(copying), timeout)
+        except BaseException as exc:  # the thread runs on: whatever copy it makes must not be kept forever
+            copying.add_done_callback(self._release_abandoned_copy)
+            if isinstance(exc, TimeoutError):
+                raise AdapterError(f"{name}: fetching and verifying it took more than {timeout:g} s") from None
+            raise
+        lora = LoRARequest(name, self._next_lora_id, str(path))
+        self._next_lora_id += 1
+        try:
+            # Load now: a broken adapter fails here, alone.
+            await asyncio.wait_for(self.engine.add_lora(lora), timeout)
+        except BaseException as exc:
+            self.private.release(version.fingerprint)
+            if isinstance(exc, TimeoutError):
+                raise AdapterError(f"{name}: the engine did not load it within {timeout:g} s") from None
+            if not isinstance(exc, Exception):
+                raise
+            self._note_engine_failure(exc)
+            raise AdapterError(f"{name} could not be loaded by the engine: {_error(exc)}") from exc
+        return LoadedAdapter(lora, version.fingerprint)
+
+    def _release_abandoned_copy(self, copying: asyncio.Future[tuple[AdapterVersion, Path]]) -> None:
+        if not copying.cancelled() and copying.exception() is None:
+            self.private.release(copying.result()[0].fingerprint)
 
     async def _release(self, lora: Any) -> None:
+        """No lock: releasing never waits for another adapter's load."""
         if lora is not None:
-            async with self._lock:
-                self._in_use[lora.lora_name] -= 1
-                await self._evict()
+            self._in_use[lora.lora_name] -= 1
+            await self._evict()
 
     async def _evict(self) -> None:
         """Unload least recently used versions beyond the LRU size (never one a request is using)."""
@@ -195,12 +266,16 @@ class PolicyEngine:
             idle = next((name for name in self._loras if self._in_use[name] <= 0), None)
             if idle is None:
                 return
-            lora = self._loras.pop(idle)
+            loaded = self._loras.pop(idle)  # chosen and removed with no await between: no two evict one
+            del self._in_use[idle]
             try:
-                await asyncio.wait_for(self.engine.remove_lora(lora.lora_int_id), self.config.request_timeout_s)
+                await asyncio.wait_for(
+                    self.engine.remove_lora(loaded.request.lora_int_id), self.config.request_timeout_s
+                )
             except Exception as exc:  # the engine keeps its own LRU; failing to unload costs memory only
                 self._note_engine_failure(exc)
                 log.warning("could not unload adapter %s: %s", idle, _error(exc))
+            self.private.release(loaded.fingerprint)
             self.unloads += 1
 
     def loaded(self) -> list[str]:
@@ -242,6 +317,10 @@ class PolicyEngine:
         )
         return prompt_ids, params
 
+    def _validate_and_prepare(self, raw: Any) -> tuple[ValidRequest, list[int], Any]:
+        request = validate_request(raw, self.limits)
+        return (request, *self.prepare(request))
+
     def _check_constraint(self, legal: PowerOrders, reasoning: ReasoningOptions | None) -> None:
         """Build the order grammar here, as the engine's logits processor will: if it cannot, the
         request fails now instead of inside the engine's loop."""
@@ -273,8 +352,9 @@ class PolicyEngine:
             result["error"] = f"EngineDead: this replica's engine has died ({self.dead}); Serve replaces it, retry"
             return result
         try:
-            request = validate_request(raw, self.limits)
-            prompt_ids, params = self.prepare(request)
+            # Validation and tokenisation are CPU work proportional to the prompt (0.24 s for 131k
+            # characters): in a thread, so one long prompt does not stall every other request's stream.
+            request, prompt_ids, params = await asyncio.to_thread(self._validate_and_prepare, raw)
             lora = await self._acquire(request.policy)
         except (AdapterError, RequestError) as exc:
             result["error"] = _error(exc)
@@ -352,18 +432,10 @@ class PolicyEngine:
             raise RuntimeError(f"vLLM engine is unhealthy: {_error(exc)}") from exc
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
-
-
-class CompletionBody(BaseModel):
-    """Strict: JSON `true` is not a token id or a count, and unknown fields are an error (422)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    model: str = BASE
-    prompt: str | list[int]
-    max_tokens: int = 16
-    temperature: float = 1.0
+        try:
+            self.engine.shutdown()
+        finally:
+            self.private.close()
 
 
 app = FastAPI(title="diprl PolicyServer", description="Completions from the base model or any adapter version.")
@@ -377,6 +449,9 @@ class PolicyServer:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = ServerConfig(**config)
         self.engine = PolicyEngine(self.config)
+        self.http = CompletionsRoute(
+            self.engine.generate_one, self.config.max_body_bytes, max_ongoing=self.config.http_max_ongoing
+        )
 
     async def generate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return await self.engine.generate(requests)
@@ -404,6 +479,10 @@ class PolicyServer:
     async def check_health(self) -> None:
         await self.engine.check_health()
 
+    async def identity(self) -> dict[str, Any]:
+        """What this server serves, so another `serve_policy` of the same name can tell whose it is."""
+        return {"adapter_root": self.config.adapter_root, "model": self.config.model}
+
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
         names = [BASE] + [
@@ -411,36 +490,9 @@ class PolicyServer:
         ]
         return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "diprl"} for n in names]}
 
-    @app.post("/v1/completions")
-    async def completions(self, body: CompletionBody) -> Any:
-        request = {
-            "policy": body.model,
-            "prompt": body.prompt,
-            "max_tokens": body.max_tokens,
-            "temperature": body.temperature,
-        }
-        result = await self.engine.generate_one(request)
-        if result["error"]:
-            error = result["error"]
-            status = 404 if error.startswith("UnknownAdapter") else 503 if error.startswith("EngineDead") else 400
-            status = 504 if error.startswith("Timeout") else status
-            return JSONResponse(
-                status_code=status, content={"error": {"message": result["error"], "type": "invalid_request_error"}}
-            )
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": [
-                {"index": 0, "text": result["text"], "finish_reason": result["finish_reason"], "logprobs": None}
-            ],
-            "usage": {
-                "prompt_tokens": len(result["prompt_ids"]),
-                "completion_tokens": len(result["token_ids"]),
-                "total_tokens": len(result["prompt_ids"]) + len(result["token_ids"]),
-            },
-        }
+    @app.post("/v1/completions", openapi_extra=OPENAPI_BODY)
+    async def completions(self, request: Request) -> Response:
+        return await self.http(request)
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -472,8 +524,42 @@ def _serve_running() -> bool:
     return True
 
 
-def stop_serving(app: str) -> None:
+class ServeConflict(RuntimeError):
+    """A Serve application of this name already serves another run's adapters: deploying would take it over."""
+
+
+IDENTITY_TIMEOUT_S = 60.0
+
+
+def _served_adapter_root(app: str) -> str | None:
+    """The adapter root the running application `app` serves; None when no application has that name.
+
+    Raises `ServeConflict` when one exists but cannot say (not a PolicyServer, or no replica answers):
+    it may belong to another run, so it is not ours to replace or delete.
+    """
+    if not _serve_running():
+        return None
+    overview = serve.status().applications.get(app)
+    if overview is None:
+        return None
+    try:
+        served: dict[str, Any] = serve.get_app_handle(app).identity.remote().result(timeout_s=IDENTITY_TIMEOUT_S)
+        return str(served["adapter_root"])
+    except Exception as exc:
+        raise ServeConflict(
+            f"a Serve application named {app!r} already exists ({overview.status}) and did not say which adapter "
+            f"store it serves ({_error(exc)[:300]}); it may be another run's. Give this server another name "
+            f"(inference.name; training names its own per run), or delete it with `serve.delete({app!r})` "
+            "if it is yours"
+        ) from exc
+
+
+def stop_serving(app: str, adapter_root: str | Path | None = None) -> None:
     """Delete the Serve application `app` (a PolicyServer) and wait for its replicas to stop.
+
+    With `adapter_root`, only if `app` serves that store: a run never deletes another run's server
+    (one whose `serve_policy` was refused, say, still runs its cleanup). An application that cannot
+    say which store it serves is left running, with a warning.
 
     Not `serve.shutdown()`: that kills the Serve controller, which fails every call still waiting on
     it (its own `graceful_shutdown`, the long polls of every handle), and Ray prints each failure as a
@@ -482,6 +568,17 @@ def stop_serving(app: str) -> None:
     """
     from ray.serve.exceptions import RayServeException
 
+    if adapter_root is not None:
+        try:
+            served = _served_adapter_root(app)
+        except ServeConflict as exc:
+            log.warning("left the Serve application %r running: %s", app, exc)
+            return
+        if served is None:
+            return
+        if served != str(Path(adapter_root).resolve()):
+            log.warning("left the Serve application %r running: it serves %s, not %s", app, served, adapter_root)
+            return
     with contextlib.suppress(RayServeException):  # Serve never started (a run failed early): nothing to stop
         serve.delete(app)
 
@@ -493,6 +590,10 @@ def serve_policy(config: ServerConfig) -> Any:
     already holds the HTTP port: Serve would otherwise report ready while requests reach the other
     server. `port: 0` picks a free port and logs it (the returned config's port, `handle` users need
     no port). Library logging inside the replicas follows `config.log_level` (WARNING by default).
+
+    Fails fast with `ServeConflict`, before anything is deployed, when an application of the same
+    name already serves another adapter root (another run on this cluster): updating it would repoint
+    that run's replicas at this store. The same root is an update (a resumed run, a new setting).
     """
     import errno
 
@@ -504,6 +605,13 @@ def serve_policy(config: ServerConfig) -> Any:
         adapter_root=str(Path(config.adapter_root).resolve()),
         adapter_cache=str(Path(config.adapter_cache).resolve()),
     )
+    served = _served_adapter_root(config.name)
+    if served is not None and served != config.adapter_root:
+        raise ServeConflict(
+            f"the Serve application {config.name!r} already serves adapters from {served}; this server's are in "
+            f"{config.adapter_root}. Deploying would repoint that server (another run's?) at this store: give this "
+            "one another name (inference.name; training names its own per run) or stop the other first"
+        )
     if not _serve_running():
         if config.port == 0:
             config = replace(config, port=free_port(config.host))
@@ -536,4 +644,9 @@ def serve_policy(config: ServerConfig) -> Any:
         },
         **scaling,
     )
-    return serve.run(deployment.bind(asdict(config)), name=config.name, route_prefix="/", logging_config=logging_config)
+    return serve.run(
+        deployment.bind(asdict(config)),
+        name=config.name,
+        route_prefix=config.route_prefix,
+        logging_config=logging_config,
+    )

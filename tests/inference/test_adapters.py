@@ -426,6 +426,62 @@ def test_a_copied_version_directory_is_detected(tmp_path: Path, loras: dict[str,
         store.resolve("p@v1")
 
 
+def rewrite_with_manifest_to_match(version_dir: Path, name: str, data: bytes) -> None:
+    """Replace one file of a published version and rewrite its manifest so the two agree again."""
+    writable(version_dir / name).write_bytes(data)
+    manifest_path = writable(version_dir / MANIFEST_FILE)
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def test_a_version_changed_after_publishing_is_refused_even_with_its_manifest_rewritten(
+    tmp_path: Path, loras: dict[str, Path]
+) -> None:
+    """The manifest sits beside the files: only the pin written at publish time catches this."""
+    store = AdapterStore(tmp_path)
+    store.publish("p", loras["a"])
+    store.publish("q", loras["a"])
+    other = (loras["b"] / WEIGHTS_FILE).read_bytes()  # a sound adapter, just not the published one
+    rewrite_with_manifest_to_match(tmp_path / "p" / "v1", WEIGHTS_FILE, other)
+    with pytest.raises(CorruptAdapter, match=r"p@v1: its files do not match the fingerprint pinned"):
+        store.resolve("p@v1")
+    assert store.resolve("q@v1").name == "q@v1"  # other versions are unaffected
+    (tmp_path / ".pins" / "q@v1").unlink()
+    with pytest.raises(CorruptAdapter, match=r"q@v1: no pin"):
+        store.resolve("q@v1")
+    (tmp_path / ".pins" / "q@v1").write_text("not a fingerprint")
+    with pytest.raises(CorruptAdapter, match=r"q@v1: its pin .* is not a fingerprint"):
+        store.resolve("q@v1")
+
+
+def test_a_publish_that_crashed_after_pinning_leaves_a_pin_the_next_publish_replaces(
+    tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = AdapterStore(tmp_path)
+
+    def crash(src: Any, dst: Any) -> None:
+        raise OSError(errno.EIO, "simulated crash")
+
+    monkeypatch.setattr(os, "rename", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        store.publish("p", loras["a"])
+    monkeypatch.undo()
+    assert (tmp_path / ".pins" / "p@v1").is_file()  # pinned, then killed before the claim
+    assert store.publish("p", loras["b"]).name == "p@v1"
+    assert (store.resolve("p@v1").path / WEIGHTS_FILE).read_bytes() == (loras["b"] / WEIGHTS_FILE).read_bytes()
+
+
+def test_a_replica_cache_copy_changed_after_it_was_written_is_refused(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path / "store")
+    packed = pack_adapter(store.resolve(store.publish("p", loras["a"]).name))
+    copy = materialize(packed, tmp_path / "cache")
+    rewrite_with_manifest_to_match(copy.path, WEIGHTS_FILE, (loras["b"] / WEIGHTS_FILE).read_bytes())
+    with pytest.raises(CorruptAdapter, match="fingerprint pinned"):
+        AdapterStore(tmp_path / "cache").resolve("p@v1")
+    assert materialize(packed, tmp_path / "cache").fingerprint == copy.fingerprint  # replaced, as damage is
+
+
 # ---- compatibility ---------------------------------------------------------------------------
 
 

@@ -55,6 +55,8 @@ def test_unknown_inference_config_lists_the_known_ones() -> None:
         ("request_timeout_s: .nan", "request_timeout_s must be a finite number"),
         ("log_level: LOUD", "log_level must be one of"),
         ("autoscaling: {min_replicas: 3, max_replicas: 1}", "autoscaling needs"),
+        ("max_ongoing_requests: 4\nhttp_max_ongoing: 4", "must leave room for training's generate calls"),
+        ("max_body_bytes: 10", "max_body_bytes must be an integer in \\[1024"),
     ],
 )
 def test_out_of_range_and_inconsistent_settings_are_refused(tmp_path: Path, lines: str, message: str) -> None:

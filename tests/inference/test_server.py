@@ -70,6 +70,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         adapter_registry=REGISTRY_NAME,
         port=port,
         loaded_adapters=2,
+        max_body_bytes=64 * 1024,
     )
     handle = serve_policy(config)
     yield Server(handle, store, port, lora_dirs)
@@ -332,6 +333,31 @@ def test_the_http_route_refuses_bools_and_bad_unicode(server: Server) -> None:
     assert post(b'{"model": "base", "prompt": "A \\ud800", "max_tokens": 2}') == 400
     assert post(b'{"model": "base", "prompt": "A PAR", "max_tokens": 2, "temperature": 1e308}') == 400
     assert post(b'{"model": "base", "prompt": "A PAR", "max_tokens": 2}') == 200
+    huge = json.dumps({"model": "base", "prompt": "A PAR - BUR\n" * 10_000, "max_tokens": 2}).encode()
+    assert post(huge) == 413  # refused before parsing (it was parsed and tokenised, then refused as too long)
+
+
+def test_a_second_server_for_another_adapter_store_is_refused_and_the_first_keeps_serving(
+    server: Server, tmp_path: Path
+) -> None:
+    """Another run on this cluster with the same application name: refused before anything is deployed
+    (it used to repoint this server's replicas at its own store, then delete them)."""
+    from diprl.inference.server import ServeConflict, serve_policy, stop_serving
+
+    before = server.handle.status.remote().result(timeout_s=60)
+    other = ServerConfig(
+        model="tiny",
+        adapter_root=str(tmp_path / "other-run"),
+        adapter_cache=str(tmp_path / "other-cache"),
+        port=server.port,
+    )
+    with pytest.raises(ServeConflict, match=r"'policy' already serves adapters from .*adapters"):
+        serve_policy(other)
+    stop_serving(other.name, adapter_root=other.adapter_root)  # the refused run's cleanup leaves it alone
+    results = server.generate(_requests(["alpha@v1", "base"]))
+    assert all(r["error"] is None and r["complete"] for r in results)
+    after = server.handle.status.remote().result(timeout_s=60)
+    assert after["actor_id"] == before["actor_id"]  # the same replica, never redeployed
 
 
 FUZZ_COUNTS: dict[str, int] = {"malformed": 0, "good": 0, "good_failed": 0, "malformed_answered": 0}

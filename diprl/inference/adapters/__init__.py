@@ -6,6 +6,7 @@ loads them on first use. One module per job:
 - `names`: the one parser of `base` / `<policy>@v<N>`, the error classes, base-model identity;
 - `files`: what makes PEFT files servable (config, safetensors header, fit to a base model);
 - `manifest`: the per-version record of sizes and hashes, parsed as untrusted input;
+- `pins`: each version's fingerprint, recorded at publish time away from its files;
 - `store`: `AdapterStore`, atomic immutable publishing and verified reading;
 - `transport`: packing, the replica's verified local cache, Ray's object store.
 
@@ -37,6 +38,7 @@ from diprl.inference.adapters.names import (
     same_base_model,
     validate_policy_name,
 )
+from diprl.inference.adapters.pins import PINS_DIR, read_pin
 from diprl.inference.adapters.store import INDEX_FILE, INDEX_FORMAT, AdapterStore, SavesPretrained
 from diprl.inference.adapters.transport import (
     Fetch,
@@ -56,6 +58,7 @@ __all__ = [
     "MANIFEST_FILE",
     "MANIFEST_FORMAT",
     "MAX_VERSION",
+    "PINS_DIR",
     "WEIGHTS_FILE",
     "AdapterError",
     "AdapterFile",
@@ -79,6 +82,7 @@ __all__ = [
     "pack_adapter",
     "parse_policy_ref",
     "put_adapter",
+    "read_pin",
     "same_base_model",
     "validate_policy_name",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,15 @@ class AdapterVersion:
     @property
     def fingerprint(self) -> str:
         """SHA-256 over the file hashes: equal fingerprints mean byte-identical adapters."""
-        digest = hashlib.sha256()
-        for f in sorted(self.files, key=lambda f: f.name):
-            digest.update(f"{f.name}\0{f.size}\0{f.sha256}\n".encode())
-        return digest.hexdigest()
+        return fingerprint(self.files)
+
+
+def fingerprint(files: Iterable[AdapterFile]) -> str:
+    """SHA-256 over each file's name, size and hash: what a publisher pins and a reader checks."""
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.name):
+        digest.update(f"{f.name}\0{f.size}\0{f.sha256}\n".encode())
+    return digest.hexdigest()
 
 
 def manifest_dict(ref: AdapterRef, shape: AdapterShape, files: list[AdapterFile], created: str) -> dict[str, Any]:

@@ -7,12 +7,15 @@ Layout of a store (the directory is the source of truth; `index.json` is a conve
     root/<policy>/v<N>/adapter_model.safetensors
     root/<policy>/v<N>/DIPRL_MANIFEST.json    size + sha256 of each file, rank, alpha, modules, base
     root/<policy>/.tmp-<uuid>/                a publish in progress (never listed)
+    root/.pins/<policy>@v<N>                  the version's fingerprint, recorded when it was published
 
-Publishing writes a complete version into a temp directory, fsyncs it, and claims the next number
-with one `rename`: Linux refuses to rename a directory onto a non-empty one, so two concurrent
-publishers can never share a number and a reader never sees half a version. Versions are never
-rewritten; a crashed publish leaves only a temp directory that no listing shows. Numbers come from
-complete versions only, so a stray `v999999999` directory cannot exhaust them.
+Publishing writes a complete version into a temp directory, fsyncs it, pins its fingerprint, and
+claims the next number with one `rename` (under the store's publish lock, so the pin written for a
+number is that publisher's): Linux refuses to rename a directory onto a non-empty one, so two
+publishers can never share a number and a reader never sees half a version, nor one without its
+pin. Versions are never rewritten; a crashed publish leaves only a temp directory that no listing
+shows (and perhaps a pin for a number no version holds, replaced by the next publish). Numbers come
+from complete versions only, so a stray `v999999999` directory cannot exhaust them.
 
 Nothing under the root may be a symlink: a linked policy or version directory could point outside
 the store (or at files an attacker controls), so it is refused as unknown rather than served.
@@ -45,7 +48,13 @@ from diprl.inference.adapters.files import (
     read_config,
     tensor_specs_of_file,
 )
-from diprl.inference.adapters.manifest import AdapterFile, AdapterVersion, manifest_dict, version_from_manifest
+from diprl.inference.adapters.manifest import (
+    AdapterFile,
+    AdapterVersion,
+    fingerprint,
+    manifest_dict,
+    version_from_manifest,
+)
 from diprl.inference.adapters.names import (
     BASE,
     MAX_VERSION,
@@ -60,9 +69,11 @@ from diprl.inference.adapters.names import (
     require_adapter,
     validate_policy_name,
 )
+from diprl.inference.adapters.pins import check_pin, write_pin
 
 INDEX_FILE = "index.json"
 INDEX_FORMAT = "diprl-adapter-index/1"
+PUBLISH_LOCK = ".publish.lock"
 
 
 class SavesPretrained(Protocol):
@@ -223,30 +234,37 @@ class AdapterStore:
         if shape.base_model is not None:
             check_weights_fit_base(specs, shape.base_model, where)
         created = now()
-        number = max(version_numbers(tmp.parent), default=0) + 1
-        while True:
-            if number > MAX_VERSION:
-                raise AdapterError(f"{where}: policy {policy!r} has run out of version numbers")
-            ref = AdapterRef(policy, number)
-            # The manifest names the version, so it is rewritten whenever a race moves the number.
-            _fs.write_bytes(
-                tmp / MANIFEST_FILE, json.dumps(manifest_dict(ref, shape, files, created), indent=1).encode()
-            )
-            _fs.freeze(tmp)
-            fsync_dir(tmp)
-            target = tmp.parent / f"v{number}"
-            try:
-                if target.is_symlink() or (target.exists() and not target.is_dir()):
-                    raise FileExistsError(errno.EEXIST, "not a directory", str(target))
-                os.rename(tmp, target)
-            except OSError as err:
-                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
-                    raise
-                (tmp / MANIFEST_FILE).chmod(0o644)
-                number = max([number, *version_numbers(tmp.parent)]) + 1
-                continue
-            fsync_dir(tmp.parent)
-            return ref
+        # One publisher at a time claims a number, so the pin written for it before the rename can
+        # only replace a pin that a crashed publish left (no complete version holds that number).
+        with _fs.locked(self.root / PUBLISH_LOCK):
+            number = max(version_numbers(tmp.parent), default=0) + 1
+            while True:
+                if number > MAX_VERSION:
+                    raise AdapterError(f"{where}: policy {policy!r} has run out of version numbers")
+                ref = AdapterRef(policy, number)
+                # The manifest names the version, so it is rewritten whenever a race moves the number.
+                _fs.write_bytes(
+                    tmp / MANIFEST_FILE, json.dumps(manifest_dict(ref, shape, files, created), indent=1).encode()
+                )
+                _fs.freeze(tmp)
+                fsync_dir(tmp)
+                target = tmp.parent / f"v{number}"
+                try:
+                    if target.is_symlink() or (target.exists() and not target.is_dir()):
+                        raise FileExistsError(errno.EEXIST, "not a directory", str(target))
+                    if number in version_numbers(tmp.parent):  # a publisher that takes no lock (older code)
+                        raise FileExistsError(errno.EEXIST, "a complete version", str(target))
+                    # Pinned before it is visible: a reader never finds a version without its pin.
+                    write_pin(self.root, ref, fingerprint(files))
+                    os.rename(tmp, target)
+                except OSError as err:
+                    if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                        raise
+                    (tmp / MANIFEST_FILE).chmod(0o644)
+                    number = max([number, *version_numbers(tmp.parent)]) + 1
+                    continue
+                fsync_dir(tmp.parent)
+                return ref
 
     # ---- reading -----------------------------------------------------------------------------
 
@@ -255,7 +273,9 @@ class AdapterStore:
 
         Every file's size and SHA-256 are checked against the manifest on every call, and nothing on
         the way (policy directory, version directory, files) may be a symlink, so a truncated,
-        bit-flipped or swapped file is reported here, naming the file, rather than loaded.
+        bit-flipped or swapped file is reported here, naming the file, rather than loaded. The
+        manifest's fingerprint must then equal the version's pin (`pins`): a version whose files
+        were changed after publishing and its manifest rewritten to match is refused too.
         """
         ref = require_adapter(name)
         policy_dir = self.root / ref.policy
@@ -282,6 +302,7 @@ class AdapterStore:
                 f"{ref.name}: {manifest} describes {version.name}; the directory was copied or renamed"
             )
         self._check_files(version)
+        check_pin(self.root, version)
         return version
 
     def _check_files(self, version: AdapterVersion) -> None:

@@ -37,6 +37,7 @@ from diprl.inference.adapters.names import (
     UnknownAdapter,
     require_adapter,
 )
+from diprl.inference.adapters.pins import write_pin
 from diprl.inference.adapters.store import AdapterStore
 
 
@@ -110,6 +111,8 @@ def materialize(packed: Mapping[str, bytes], cache_root: Path | str) -> AdapterV
             trash = target.parent / f"{_fs.TMP_PREFIX}old-{uuid.uuid4().hex}"
             with contextlib.suppress(FileNotFoundError):
                 os.rename(target, trash)
+        # The cache pins what it verified, as a publisher does, so a later edit of the copy is refused.
+        write_pin(cache.root, claimed.ref, claimed.fingerprint)
         try:
             os.rename(tmp, target)
         except OSError:
