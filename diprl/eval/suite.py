@@ -61,9 +61,11 @@ class SuiteConfig:
     written as replay JSON, SVG frames and an HTML viewer under `replay_dir`. `critical_supports`
     re-adjudicates each successful hero support (a few ms each) to tell critical from redundant.
     `workers` > 1 plays a bots-only suite in that many processes (LLM suites run in one, lockstep).
-    `seeded` (the default) gives every LLM seat's request its own sampling seed, from the game's seed,
-    the power and the phase: the same policy plays the same games whatever else shares the engine's
-    batch, so two evaluations differ only by their policies. `temperature` 0 is greedy decoding.
+    `sampling_seed` (0 by default) gives every LLM seat's request its own sampling seed, from this
+    stream, the game's seed, the power and the phase: the same policy plays the same games whatever
+    else shares the engine's batch, so two evaluations differ only by their policies; another stream
+    re-draws the LLM's samples on the same games (the noise floor of a paired comparison). None leaves
+    sampling to the engine (not reproducible). `temperature` 0 is greedy decoding.
     """
 
     policy: str = "bot:dumbbot"
@@ -78,7 +80,7 @@ class SuiteConfig:
     critical_supports: bool = True
     workers: int = 1
     label: str = ""
-    seeded: bool = True
+    sampling_seed: int | None = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.opponents, str):
@@ -99,6 +101,10 @@ class SuiteConfig:
             raise ValueError("replays > 0 needs replay_dir (where to write them)")
         if not isinstance(self.temperature, int | float) or not (0 <= self.temperature < math.inf):
             raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
+        if self.sampling_seed is not None and (
+            isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int) or self.sampling_seed < 0
+        ):
+            raise ValueError(f"sampling_seed must be an integer >= 0 or None, got {self.sampling_seed!r}")
         if not self.label:
             self.label = f"{self.policy} vs {'+'.join(self.opponents)}"
 
@@ -125,7 +131,7 @@ class GameSpec:
     max_tokens: int
     critical_supports: bool
     replay_dir: str | None = None
-    seeded: bool = True
+    sampling_seed: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -164,7 +170,7 @@ def game_specs(config: SuiteConfig, suite: int = 0) -> list[GameSpec]:
                 max_tokens=config.max_tokens,
                 critical_supports=config.critical_supports,
                 replay_dir=config.replay_dir if i < config.replays else None,
-                seeded=config.seeded,
+                sampling_seed=config.sampling_seed,
             )
         )
     return specs
@@ -240,14 +246,14 @@ def _request(table: _Table, power: str) -> dict[str, Any]:
         "temperature": spec.temperature,
         "max_tokens": spec.max_tokens,
     }
-    if spec.seeded:
-        request["sample_seed"] = request_seed(spec.seed, power, game.phase)
+    if spec.sampling_seed is not None:
+        request["sample_seed"] = request_seed(spec.seed, power, game.phase, spec.sampling_seed)
     return request
 
 
-def request_seed(game_seed: int, power: str, phase: str) -> int:
+def request_seed(game_seed: int, power: str, phase: str, stream: int = 0) -> int:
     """The sampling seed of one seat's decision in one game: stable across processes and runs."""
-    digest = hashlib.sha256(f"{game_seed}:{power}:{phase}".encode()).digest()
+    digest = hashlib.sha256(f"{stream}:{game_seed}:{power}:{phase}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: a non-negative int64
 
 

@@ -73,9 +73,18 @@ def test_llm_seats_of_all_games_share_one_call_per_phase(recording_client: Recor
 
 
 def test_unseeded_suites_send_no_seed(recording_client: RecordingClient) -> None:
-    config = SuiteConfig(policy="base", opponents=["bot:random"], games=1, max_year=1901, max_tokens=64, seeded=False)
+    config = SuiteConfig(
+        policy="base", opponents=["bot:random"], games=1, max_year=1901, max_tokens=64, sampling_seed=None
+    )
     run_suite(config, recording_client)
     assert all("sample_seed" not in r for call in recording_client.calls for r in call)
+
+
+def test_another_sampling_stream_redraws_the_same_games() -> None:
+    assert request_seed(5, "FRANCE", "S1901M", 0) == request_seed(5, "FRANCE", "S1901M")
+    assert request_seed(5, "FRANCE", "S1901M", 1) != request_seed(5, "FRANCE", "S1901M", 0)
+    with pytest.raises(ValueError, match="sampling_seed"):
+        SuiteConfig(sampling_seed=-1)
 
 
 def test_llm_seats_without_a_client_are_a_clear_error() -> None:
