@@ -4,8 +4,11 @@ checkpoints) relies on."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def fsync_dir(directory: Path) -> None:
@@ -24,3 +27,37 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def move_jsonl_records(path: Path, moved_to: Path, drop: Callable[[dict[str, Any]], bool]) -> int:
+    """Move the records of a JSONL file for which `drop` is true to the end of `moved_to`; their number.
+
+    For metrics a resumed or restarted learner superseded: the records it will write again leave the
+    file (kept beside it, not deleted), so the file holds every step once. The moved records are
+    appended and fsynced before the file is replaced atomically: a crash in between leaves them in
+    both files, never in neither. Torn lines (a killed writer) are dropped; everything else stays.
+    """
+    if not path.is_file():
+        return 0
+    kept: list[str] = []
+    moved: list[str] = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        (moved if isinstance(record, dict) and drop(record) else kept).append(line)
+    if not moved:
+        return 0
+    with moved_to.open("a") as fh:
+        fh.write("".join(f"{line}\n" for line in moved))
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as fh:
+        fh.write("".join(f"{line}\n" for line in kept))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return len(moved)
