@@ -163,7 +163,8 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     assert (run_dir / "plots" / "learning_curves.png").is_file()
 
     # SIGKILL the driver and its Ray after step 4 was published, before the step-6 checkpoint.
-    resume = [*common, f"train.resume={run_dir}"]
+    # W&B off in the child processes: they would join this process's W&B service, which holds the run id.
+    resume = [*common, f"train.resume={run_dir}", "train.wandb=false"]
     out = tmp_path / "killed.log"
     proc = _start_train([*resume, f"inference.port={free_port()}", "train.max_steps=100"], out)
     try:
