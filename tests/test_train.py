@@ -121,11 +121,28 @@ def _start_train(args: list[str], out: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_for_step(proc: subprocess.Popen[bytes], run_dir: Path, step: int, out: Path) -> None:
-    deadline = time.monotonic() + 420
-    while not _learner_steps(run_dir) or _learner_steps(run_dir)[-1] < step:
+    """Until the run in `proc` logs learner step `step` (records from before it started do not count)."""
+    since, deadline = time.time(), time.monotonic() + 420
+
+    def reached() -> bool:
+        records = read_metrics(run_dir / "metrics.jsonl")
+        return any(r["kind"] == "learner" and r["time"] >= since and r["step"] >= step for r in records)
+
+    while not reached():
         assert proc.poll() is None, f"the run ended early:\n{out.with_suffix('.err').read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"no learner step {step} in 7 minutes:\n{out.read_text()[-3000:]}"
         time.sleep(0.1)
+
+
+def _wait_until_gone(group: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"processes of group {group} outlived SIGKILL"
+        time.sleep(0.2)
 
 
 @pytest.mark.slow
@@ -174,6 +191,7 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    _wait_until_gone(proc.pid)  # its Ray (raylet, GCS, actors) died with it: nothing survives the kill
     lost = _learner_steps(run_dir)[3:]
     assert lost and lost[0] == 4 and max(lost) < 6, "killed between the step-3 and step-6 checkpoints"
     store = AdapterStore(run_dir / "adapters")
