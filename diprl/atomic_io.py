@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def fsync_dir(directory: Path) -> None:
@@ -45,3 +48,31 @@ def write_file_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     fsync_dir(path.parent)
+
+
+def move_jsonl_records(path: Path, moved_to: Path, drop: Callable[[dict[str, Any]], bool]) -> int:
+    """Move the records of a JSONL file for which `drop` is true to the end of `moved_to`; their number.
+
+    For metrics a resumed or restarted learner superseded: the records it will write again leave the
+    file (kept beside it, not deleted), so the file holds every step once. The moved records are
+    appended and fsynced before the file is replaced atomically: a crash in between leaves them in
+    both files, never in neither. Torn lines (a killed writer) are dropped; everything else stays.
+    """
+    if not path.is_file():
+        return 0
+    kept: list[str] = []
+    moved: list[str] = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        (moved if isinstance(record, dict) and drop(record) else kept).append(line)
+    if not moved:
+        return 0
+    with moved_to.open("a") as fh:
+        fh.write("".join(f"{line}\n" for line in moved))
+        fh.flush()
+        os.fsync(fh.fileno())
+    write_file_atomic(path, "".join(f"{line}\n" for line in kept).encode())
+    return len(moved)

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -65,6 +65,20 @@ class Tracker:
             gauge = self._gauges.get(key)
             if gauge is not None:
                 gauge.set(float(value), tags={"policy": policy})
+
+    def move_records(self, drop: Callable[[dict[str, Any]], bool], moved_to: Path) -> int:
+        """Move the records `drop` selects out of the metrics file (to `moved_to`); their number.
+
+        A learner that restored an older checkpoint takes the lost steps again: their first records
+        leave the file so it holds every step once (see `diprl.atomic_io.move_jsonl_records`).
+        """
+        from diprl.atomic_io import move_jsonl_records
+
+        self._file.close()
+        try:
+            return move_jsonl_records(self.path, moved_to, drop)
+        finally:
+            self._file = self.path.open("a")
 
     def close(self) -> None:
         self._file.close()

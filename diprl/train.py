@@ -11,16 +11,26 @@ then keeps every rollout worker busy, feeds each learner whole batches of groups
 league about every published version, evaluates on a cadence, and reports (progress line, metrics JSONL,
 W&B, Ray metrics, plots) until a step or time budget runs out. A killed actor is restarted by Ray and its
 call retried; a match whose call failed is replayed with the same seed (the ledger drops a group that was
-already delivered), so no group, result or checkpoint is lost. `resume=<run_dir>` continues a run.
+already delivered), so no group, result or checkpoint is lost. `train.resume=<run_dir>` continues a run
+(see `prepare_run_dir` and the README's "Resume" section for what it checks).
+
+Stopping: SIGINT or SIGTERM (or an actor's exception) stops taking new work, lets what runs finish, then
+writes the final checkpoints, the final evaluation and the summary; a second signal aborts at once.
+Every learner step counts exactly once: a step is durable once its checkpoint is; steps logged after the
+newest checkpoint (lost with a killed driver or a learner Ray restarted) are moved out of
+`metrics.jsonl` into `metrics.superseded.jsonl` when the learner takes them again.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -41,6 +51,25 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAMESPACE = "diprl"
 SERVE_APP = "policy-server"  # prefix of a run's PolicyServer application (and deployment): its replicas' name
 LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
+LOCK_FILE = ".lock"  # flock'ed by the train process that owns a run directory
+# Keys a resume may change: budgets and how this invocation reports or reaches its servers. Anything
+# else (model, learner, league, rewards, rollout shape, seeds) would make the continued run another run.
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "train.max_steps",
+        "train.max_minutes",
+        "train.resume",
+        "train.run_dir",
+        "train.progress_every_s",
+        "train.wandb",
+        "train.dashboard",
+        "train.ray_num_cpus",
+        "train.chaos",
+        "train.chaos_after_step",
+        "inference.port",
+        "inference.log_level",
+    }
+)
 
 
 def run_id(run_dir: Path) -> str:
@@ -206,33 +235,138 @@ def _check(config: Config) -> None:
 
 
 # ------------------------------------------------------------------------------------------ run dir
-def prepare_run_dir(config: Config, resolved_yaml: str) -> Path:
-    """A new run directory, or the one being resumed (which must be a run of the same experiment)."""
-    if config.train.resume:
-        run_dir = Path(config.train.resume)
-        saved = run_dir / "config.yaml"
-        if not saved.is_file():
-            raise ConfigError(f"resume={run_dir}: not a run directory (no config.yaml)")
-        from omegaconf import OmegaConf
+class RunDir:
+    """A run directory held by this process: an exclusive `flock` on its lock file until `release`.
 
-        previous = OmegaConf.to_container(OmegaConf.load(saved))
-        experiment = previous.get("experiment") if isinstance(previous, dict) else None
-        if str(experiment) != config.experiment:
-            raise ConfigError(
-                f"resume={run_dir}: that run is experiment {experiment!r}, "
-                f"this one {config.experiment!r}; pass +experiment={experiment}"
-            )
+    The lock dies with the process (a SIGKILL releases it), so a stale one never blocks a resume,
+    while a second `train` on a directory in use gets a clear error instead of two drivers writing
+    one league, one set of checkpoints and one metrics file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh = (path / LOCK_FILE).open("a+")
+        try:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._fh.seek(0)
+            owner = self._fh.read().strip() or "another process"
+            self._fh.close()
+            raise ConfigError(f"{path} is in use by another train run (pid {owner}); wait for it or stop it") from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(str(os.getpid()))
+        self._fh.flush()
+
+    def release(self) -> None:
+        if not self._fh.closed:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+            self._fh.close()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def prepare_run_dir(config: Config, resolved_yaml: str) -> RunDir:
+    """A new run directory, or the one being resumed, locked for this process.
+
+    A new run refuses a directory that holds anything. A resume refuses a directory that is not a run,
+    one in use, a configuration that differs from the saved one in anything but `RESUME_MAY_CHANGE`
+    (the differing keys are named), and a run where some learner has no checkpoint that verifies:
+    starting that learner over would reuse its league, adapters and metrics under a fresh network.
+    """
+    if config.train.resume:
+        path = Path(config.train.resume)
+        saved = path / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"resume={path}: not a run directory (no config.yaml)")
+        run_dir = RunDir(path)
+        try:
+            _check_resume(config, path, saved)
+        except BaseException:
+            run_dir.release()
+            raise
         return run_dir
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    run_dir = Path(config.train.run_dir or f"runs/{config.experiment}-{stamp}")
-    if (run_dir / "config.yaml").exists():
-        raise ConfigError(f"{run_dir} already holds a run: use resume={run_dir} or another train.run_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / ".config.yaml.tmp"
+    path = Path(config.train.run_dir or f"runs/{config.experiment}-{stamp}")
+    if (path / "config.yaml").exists():
+        raise ConfigError(f"{path} already holds a run: use train.resume={path} or another train.run_dir")
+    if path.exists() and (not path.is_dir() or _entries(path)):
+        raise ConfigError(f"train.run_dir={path} is not empty: a new run needs an empty or new directory")
+    path.mkdir(parents=True, exist_ok=True)
+    run_dir = RunDir(path)
+    if _entries(path):  # another process filled it between the check and the lock
+        run_dir.release()
+        raise ConfigError(f"train.run_dir={path} is not empty: a new run needs an empty or new directory")
+    tmp = path / ".config.yaml.tmp"
     tmp.write_text(resolved_yaml)
-    os.replace(tmp, run_dir / "config.yaml")
-    fsync_dir(run_dir)
+    os.replace(tmp, path / "config.yaml")
+    fsync_dir(path)
     return run_dir
+
+
+def _entries(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+
+
+def _check_resume(config: Config, path: Path, saved: Path) -> None:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from diprl.learn.checkpoint import CheckpointDir
+
+    try:
+        previous = typed_config(OmegaConf.load(saved))
+    except (OmegaConfBaseException, ConfigError, ValueError) as exc:
+        raise ConfigError(f"resume={path}: its config.yaml does not load ({exc})") from exc
+    if previous.experiment != config.experiment:
+        raise ConfigError(
+            f"resume={path}: that run is experiment {previous.experiment!r}, "
+            f"this one {config.experiment!r}; pass +experiment={previous.experiment}"
+        )
+    changed = config_differences(previous, config)
+    if changed:
+        raise ConfigError(
+            f"resume={path}: the configuration differs from the saved run in {', '.join(changed)}; "
+            f"a resume may change only {', '.join(sorted(RESUME_MAY_CHANGE))}"
+        )
+    for policy in previous.league.roles:
+        root = path / "checkpoints" / policy
+        restored = CheckpointDir(root).newest_good()
+        if restored.checkpoint is None:
+            why = "; ".join(f"{p.name}: {reason}" for p, reason in restored.skipped) or "there is none"
+            raise ConfigError(
+                f"resume={path}: no checkpoint of {policy} verifies under {root} ({why}); refusing to start "
+                "it over inside a run whose league and adapters continue: start a new run instead"
+            )
+
+
+def config_differences(previous: Config, current: Config) -> list[str]:
+    """Dotted keys whose resolved values differ between two runs' configurations, except those a resume
+    may change."""
+    a, b = _flatten(_plain(asdict(previous))), _flatten(_plain(asdict(current)))
+    return [
+        k for k in sorted(set(a) | set(b)) if a.get(k, _MISSING) != b.get(k, _MISSING) and k not in RESUME_MAY_CHANGE
+    ]
+
+
+_MISSING = object()
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out |= _flatten(value, name)
+        else:
+            out[name] = value
+    return out
 
 
 @dataclass
@@ -286,6 +420,14 @@ class Driver:
         self.rating: float | None = None
         self.chaos_done = False
         self.last_eval_version: str | None = None
+        self.stop_reason: str | None = None  # why the run stops before its budget (signal, failed actor)
+        self.exit_code = 0
+        self.ledger_closed = False
+
+    def request_stop(self, reason: str, exit_code: int) -> None:
+        """Stop taking new work; what runs finishes, then the final checkpoint, evaluation and summary."""
+        if self.stop_reason is None:
+            self.stop_reason, self.exit_code = reason, exit_code
 
     # ---------------------------------------------------------------- start
     def start(self) -> None:
@@ -316,8 +458,15 @@ class Driver:
         self.serve = serve
         self.league = league_actor(cfg.league, str(self.run_dir))
         self.policies: list[str] = list(cfg.league.roles)
-        self.queues = {p: Queue(maxsize=t.queue_size, actor_options={"name": f"queue-{p}"}) for p in self.policies}
-        self.ledger = GroupLedger.options(name=LEDGER).remote(self.queues)  # type: ignore[attr-defined]
+        # Restarted after a crash like every other actor; a restarted queue starts empty (its groups are
+        # lost, never duplicated: the ledger's accepted ids are on disk).
+        restart = {"max_restarts": -1, "max_task_retries": -1}
+        self.queues = {
+            p: Queue(maxsize=t.queue_size, actor_options={"name": f"queue-{p}", **restart}) for p in self.policies
+        }
+        accepted_log = str((self.run_dir / "ledger" / "accepted.txt").resolve())
+        queue_names = {p: f"queue-{p}" for p in self.policies}  # by name: the ledger is restartable
+        self.ledger = GroupLedger.options(name=LEDGER).remote(queue_names, accepted_log)  # type: ignore[attr-defined]
         self.learners = {
             p: learner_actor(replace(cfg.learner, policy=p), str(self.run_dir), str(adapter_root), name=f"learner-{p}")
             for p in self.policies
@@ -326,6 +475,10 @@ class Driver:
             state = ray.get(learner.state.remote())
             self.steps[policy] = int(state["step"])
             self.versions[policy] = str(state["version"])
+            # Steps logged after the checkpoint the learner restored were lost: it takes them again.
+            self._supersede(policy, self.steps[policy])
+            if ray.get(self.league.pending_reset.remote(policy)):  # stopped between the answer and the reset
+                self.versions[policy] = str(ray.get(learner.reset.remote()))
             ray.get(self.league.register_version.remote(policy, self.versions[policy], self.steps[policy]))
         worker_config = WorkerConfig(
             episode=t.episode,
@@ -358,14 +511,55 @@ class Driver:
             serve_app=serve_app_name(self.run_dir),
         )
 
+    def _supersede(self, policy: str, last_step: int) -> int:
+        """Move `policy`'s learner, rollout and evaluation records after `last_step` to metrics.superseded.jsonl."""
+
+        def lost(record: dict[str, Any]) -> bool:
+            step = record.get("step", record.get("learner/step"))
+            return (
+                record.get("policy") == policy
+                and record.get("kind") in ("learner", "rollout", "eval")
+                and isinstance(step, int)
+                and step > last_step
+            )
+
+        tracker = getattr(self, "tracker", None)
+        if tracker is not None:
+            return int(tracker.move_records(lost, self.run_dir / "metrics.superseded.jsonl"))
+        from diprl.atomic_io import move_jsonl_records
+
+        return move_jsonl_records(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.superseded.jsonl", lost)
+
     # ---------------------------------------------------------------- loop
     def budget_left(self) -> bool:
         t = self.config.train
-        if self.steps.get("main", 0) >= t.max_steps:
+        if self.stop_reason is not None or self.steps.get("main", 0) >= t.max_steps:
             return False
         return not (t.max_minutes and (time.monotonic() - self.started) / 60 >= t.max_minutes)
 
     def run(self) -> None:
+        """Train until the budget runs out or a stop is requested, then end the run properly.
+
+        An unexpected error in the loop stops it at once (what was in flight is abandoned); the final
+        checkpoint, evaluation and summary are still written. A second signal (KeyboardInterrupt)
+        aborts without them.
+        """
+        try:
+            self._loop()
+        except Exception as exc:
+            self.request_stop(f"error: {exc!r:.300}", 1)
+            self.tracker.log("fault", {"error": repr(exc)[:500], "stopping": True})
+        self._end()
+
+    def _stop_rollouts(self) -> None:
+        """Nobody takes batches any more: deliveries waiting on a full queue return instead of blocking."""
+        import ray
+
+        if not self.ledger_closed:
+            self.ledger_closed = True
+            ray.get(self.ledger.close.remote())
+
+    def _loop(self) -> None:
         import ray
 
         t, e = self.config.train, self.config.evaluation
@@ -380,8 +574,11 @@ class Driver:
         policy_turn = 0
         idle_workers = list(self.workers)
 
+        self.progress = progress
         while True:
             running = self.budget_left()
+            if not running:
+                self._stop_rollouts()
             # 1. every idle worker plays the next match (round robin over trained policies)
             while running and idle_workers:
                 policy = self.policies[policy_turn % len(self.policies)]
@@ -400,7 +597,7 @@ class Driver:
             if next_eval_step is not None and self.steps["main"] >= next_eval_step:
                 eval_queue.append((self.versions["main"], self.steps["main"]))
                 next_eval_step += e.every_steps
-            if eval_queue and not evaluating:
+            if eval_queue and not evaluating and self.stop_reason is None:  # a stopped run evaluates at its end
                 version, step = eval_queue.pop(0)
                 evaluating[self.evaluator.evaluate.remote(version, f"step{step}")] = (version, step)
             self._maybe_chaos()
@@ -418,12 +615,18 @@ class Driver:
                     self._eval_done(ref, *evaluating.pop(ref))
             progress.update(self._progress_fields())
             self.counters.minutes = (time.monotonic() - self.started) / 60
+
+    def _end(self) -> None:
+        """The final evaluation (if configured), checkpoints and summary, on every exit the run survives."""
+        e = self.config.evaluation
         if e.at_end and self.last_eval_version != self.versions["main"]:
             # The final version against the same fixed games: the "after" of a before/after comparison.
             version, step = self.versions["main"], self.steps["main"]
             self._eval_done(self.evaluator.evaluate.remote(version, f"step{step}"), version, step)
-        progress.update(self._progress_fields(), force=True)
-        progress.close()
+        progress = getattr(self, "progress", None)
+        if progress is not None:
+            progress.update(self._progress_fields(), force=True)
+            progress.close()
         self._finish()
 
     def _match_done(
@@ -458,8 +661,18 @@ class Driver:
     def _learner_done(self, ref: Any, policy: str) -> None:
         import ray
 
-        metrics = ray.get(ref)
-        self.steps[policy] = int(metrics["step"])
+        try:
+            metrics = ray.get(ref)
+        except Exception as exc:  # the step raised (bad batch, non-finite loss): end the run properly
+            self.tracker.log("fault", {"learner": policy, "error": repr(exc)[:500], "stopping": True}, policy)
+            self.request_stop(f"learner-{policy} failed: {exc!r:.300}", 1)
+            return
+        step, trained = int(metrics["step"]), int(metrics.get("trained", 0))
+        if step < self.steps[policy] or (trained and step == self.steps[policy]):
+            # Ray restarted the learner: it restored its newest checkpoint and redid this step.
+            moved = self._supersede(policy, step - trained)
+            self.tracker.log("fault", {"learner_restored": policy, "step": step - trained, "superseded": moved}, policy)
+        self.steps[policy] = step
         self.last_learner[policy] = metrics
         rollout = {
             "learner/step": self.steps[policy],
@@ -564,8 +777,11 @@ class Driver:
 
         from diprl.tracking import plot_learning_curves, read_metrics
 
-        for learner in self.learners.values():
-            ray.get(learner.save_checkpoint.remote())
+        for policy, learner in self.learners.items():
+            try:
+                ray.get(learner.save_checkpoint.remote())
+            except Exception as exc:  # keep ending: the league summary and the metrics still matter
+                self.tracker.log("fault", {"checkpoint": policy, "error": repr(exc)[:500]}, policy)
         summary = ray.get(self.league.summary.remote())
         (self.run_dir / "league_summary.json").write_text(json.dumps(summary, indent=1, default=str))
         self.rating = self._main_rating()
@@ -618,41 +834,80 @@ def init_ray(config: Config, verbose: bool = False, namespace: str = NAMESPACE) 
 
 
 def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, Any]:
-    """One training run (or its continuation); returns the final summary printed on the last line."""
+    """One training run (or its continuation); returns the final summary printed on the last line.
+
+    The summary's `stopped` says why a run ended before its budget (a signal, a failed actor) and
+    `exit_code` what `main` returns: 0 at the budget, 1 after a failure, 128 + the signal's number.
+    """
     import ray
 
     from diprl.inference.server import stop_serving
 
     quiet_libraries(verbose)
-    run_dir = prepare_run_dir(config, resolved_yaml)
-    info = init_ray(config, verbose, namespace=run_namespace(run_dir))
-    print(f"run directory: {run_dir}", flush=True)
-    if hint := info.dashboard_hint():
-        print(hint, flush=True)
-    driver = Driver(config, run_dir, verbose)
-    try:
-        driver.start()
-        print(
-            f"training {', '.join(driver.policies)} on {config.model.name}; league {config.experiment}; "
-            f"versions {', '.join(driver.versions.values())}",
-            flush=True,
-        )
-        driver.run()
-    finally:
+    with prepare_run_dir(config, resolved_yaml) as held:
+        run_dir = held.path
+        info = init_ray(config, verbose, namespace=run_namespace(run_dir))
+        print(f"run directory: {run_dir}", flush=True)
+        if hint := info.dashboard_hint():
+            print(hint, flush=True)
+        driver = Driver(config, run_dir, verbose)
+        previous = _stop_on_signals(driver)
         try:
-            stop_serving(serve_app_name(run_dir), adapter_root=run_dir / "adapters")  # never another run's
+            driver.start()
+            print(
+                f"training {', '.join(driver.policies)} on {config.model.name}; league {config.experiment}; "
+                f"versions {', '.join(driver.versions.values())}",
+                flush=True,
+            )
+            driver.run()
         finally:
-            ray.shutdown()
-    summary = {
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            try:
+                stop_serving(serve_app_name(run_dir), adapter_root=run_dir / "adapters")  # never another run's
+            finally:
+                ray.shutdown()
+    summary: dict[str, Any] = {
         "train_steps": driver.steps.get("main", 0),
         "adapter_versions": _count_versions(run_dir / "adapters"),
         "groups": driver.counters.groups,
         "run_dir": str(run_dir),
     }
+    if driver.stop_reason is not None:
+        summary["stopped"] = driver.stop_reason.replace(" ", "_")[:80]
     print(f"metrics: {run_dir / 'metrics.jsonl'}; plots: {run_dir / 'plots'}; evaluations: {run_dir / 'eval'}")
     print(f"checkpoints: {run_dir / 'checkpoints'}; adapters: {run_dir / 'adapters'}; league: {run_dir / 'league'}")
     print(" ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
+    summary["exit_code"] = driver.exit_code
     return summary
+
+
+def _stop_on_signals(driver: Driver) -> dict[int, Any]:
+    """SIGINT/SIGTERM: the first asks the driver to stop and drain; the second aborts (KeyboardInterrupt).
+
+    Installed after `ray.init`, which sets its own SIGTERM handler (exit at once). Returns the handlers
+    replaced, to put back.
+    """
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt(f"second signal ({signal.Signals(signum).name}): aborting")
+        name = signal.Signals(signum).name
+        print(
+            f"\n{name}: finishing the steps in flight, then the final checkpoint, evaluation and summary "
+            "(send it again to abort)",
+            file=sys.stderr,
+            flush=True,
+        )
+        driver.request_stop(f"signal {name}", 128 + signum)
+
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+    return previous
 
 
 def _count_versions(adapter_root: Path) -> int:
@@ -665,14 +920,15 @@ def _count_versions(adapter_root: Path) -> int:
 
 
 def compose_config(overrides: Sequence[str]) -> tuple[Config, str]:
-    """`conf/config.yaml` composed with Hydra overrides, typed and validated, plus its resolved YAML."""
+    """`conf/config.yaml` composed with Hydra overrides, typed and validated, plus its resolved YAML (what
+    `config.yaml` in the run directory holds, and what a resume compares against)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=list(overrides))
-    return typed_config(cfg), OmegaConf.to_yaml(cfg)
+    return typed_config(cfg), OmegaConf.to_yaml(cfg, resolve=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -693,11 +949,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        run(config, resolved, verbose)
+        summary = run(config, resolved, verbose)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return int(summary.get("exit_code", 0))
 
 
 if __name__ == "__main__":

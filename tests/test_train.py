@@ -4,13 +4,20 @@ whole system end to end on a local Ray cluster, survives killed actors, and resu
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from diprl.inference.adapters import AdapterStore
+from diprl.learn.checkpoint import CheckpointDir
 from diprl.tracking import read_metrics
-from diprl.train import ConfigError, compose_config, main
+from diprl.train import ConfigError, compose_config, main, prepare_run_dir
 
 
 def free_port() -> int:
@@ -50,27 +57,120 @@ def test_every_experiment_composes() -> None:
 
 def test_resume_of_a_missing_run_is_refused(tmp_path: Path) -> None:
     config, resolved = compose_config(["+experiment=smoke", f"train.resume={tmp_path / 'nothing'}"])
-    from diprl.train import prepare_run_dir
-
     with pytest.raises(ConfigError, match="not a run directory"):
         prepare_run_dir(config, resolved)
 
 
-@pytest.mark.slow
-def test_smoke_run_survives_killed_actors_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_new_run_refuses_a_directory_that_holds_anything(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    config, resolved = compose_config(["+experiment=smoke", f"train.run_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="not empty"):
+        prepare_run_dir(config, resolved)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # nothing written beside it
+
+
+def _new_run(run_dir: Path, *overrides: str) -> None:
+    """A run directory as a first run leaves it: config.yaml and a checkpoint of main that verifies."""
+    config, resolved = compose_config(["+experiment=smoke", f"train.run_dir={run_dir}", *overrides])
+    prepare_run_dir(config, resolved).release()
+    CheckpointDir(run_dir / "checkpoints" / "main").save(0, lambda d: (d / "state").write_text("0"), meta={})
+
+
+def test_resume_refuses_a_changed_configuration_and_names_the_keys(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    _new_run(run_dir)
+    changed = ["learner.checkpoint_every=7", "train.episode.group_size=3"]
+    config, resolved = compose_config(["+experiment=smoke", f"train.resume={run_dir}", *changed])
+    with pytest.raises(ConfigError) as err:
+        prepare_run_dir(config, resolved)
+    assert "learner.checkpoint_every, train.episode.group_size;" in str(err.value)
+    # Budgets (and how this invocation reaches its server) may change.
+    budget = ["train.max_steps=9", "train.max_minutes=1", f"inference.port={free_port()}"]
+    config, resolved = compose_config(["+experiment=smoke", f"train.resume={run_dir}", *budget])
+    prepare_run_dir(config, resolved).release()
+
+
+def test_resume_refuses_to_start_over_when_no_checkpoint_verifies(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _new_run(run_dir)
+    (run_dir / "checkpoints" / "main" / "step-0" / "state").write_text("flipped")
+    config, resolved = compose_config(["+experiment=smoke", f"train.resume={run_dir}"])
+    with pytest.raises(ConfigError, match=r"no checkpoint of main verifies.*step-0: .*bytes"):
+        prepare_run_dir(config, resolved)
+
+
+def test_a_run_directory_in_use_is_locked_against_a_second_train(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _new_run(run_dir)
+    config, resolved = compose_config(["+experiment=smoke", f"train.resume={run_dir}"])
+    with prepare_run_dir(config, resolved), pytest.raises(ConfigError, match="in use by another train run"):
+        prepare_run_dir(config, resolved)
+    prepare_run_dir(config, resolved).release()  # free again once the first one let go
+
+
+def _learner_steps(run_dir: Path, name: str = "metrics.jsonl") -> list[int]:
+    return [r["step"] for r in read_metrics(run_dir / name) if r["kind"] == "learner" and r["policy"] == "main"]
+
+
+def _start_train(args: list[str], out: Path) -> subprocess.Popen[bytes]:
+    """`python -m diprl.train` in its own session: one signal to its process group reaches its local Ray too."""
+    with out.open("wb") as fh, out.with_suffix(".err").open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "diprl.train", *args], stdout=fh, stderr=err, start_new_session=True
+        )
+
+
+def _wait_for_step(proc: subprocess.Popen[bytes], run_dir: Path, step: int, out: Path) -> None:
+    """Until the run in `proc` logs learner step `step` (records from before it started do not count)."""
+    since, deadline = time.time(), time.monotonic() + 420
+
+    def reached() -> bool:
+        records = read_metrics(run_dir / "metrics.jsonl")
+        return any(r["kind"] == "learner" and r["time"] >= since and r["step"] >= step for r in records)
+
+    while not reached():
+        assert proc.poll() is None, f"the run ended early:\n{out.with_suffix('.err').read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no learner step {step} in 7 minutes:\n{out.read_text()[-3000:]}"
+        time.sleep(0.1)
+
+
+def _wait_until_gone(group: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"processes of group {group} outlived SIGKILL"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_step_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One run, stopped every way it can stop, resumed each time; every learner step counts exactly once.
+
+    A step counts once its checkpoint is durable. Checkpoints every 3 steps (the default is 10; 3 keeps
+    the test short, and nothing depends on the number): actors killed mid-run (the learner restarts
+    from step 0 and takes step 1 again), a clean end at step 3, a resume SIGKILLed with its Ray after
+    step 4 (published, not checkpointed), a resume that takes step 4 again and is stopped by SIGTERM:
+    it drains and writes its final checkpoint, evaluation and summary.
+    """
+    run_dir = tmp_path / "run"
+    common = ["+experiment=smoke", "train.dashboard=false", "learner.checkpoint_every=3"]
+    chaos = "[rollout-0,league,learner-main,policy-server,group-ledger]"
     port = f"inference.port={free_port()}"
-    chaos = "[rollout-0,league,learner-main,policy-server]"
-    common = ["+experiment=smoke", port, "train.dashboard=false"]
-    assert main([*common, f"train.run_dir={run_dir}", f"train.chaos={chaos}", "train.max_steps=3"]) == 0
+    assert main([*common, port, f"train.run_dir={run_dir}", f"train.chaos={chaos}", "train.max_steps=3"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     fields = dict(kv.split("=", 1) for kv in last.split())
     assert fields["train_steps"] == "3" and int(fields["adapter_versions"]) >= 3 and int(fields["groups"]) >= 3
     records = read_metrics(run_dir / "metrics.jsonl")
     killed = {r["killed"] for r in records if r["kind"] == "fault" and "killed" in r}
-    assert killed == {"rollout-0", "league", "learner-main", "policy-server"}
-    steps = [r["step"] for r in records if r["kind"] == "learner"]
-    assert steps == sorted(steps) and steps[-1] == 3  # a restarted learner continued from its checkpoint
+    assert killed == {"rollout-0", "league", "learner-main", "policy-server", "group-ledger"}
+    # The learner Ray restarted took step 1 again from its step-0 checkpoint: the first step 1 left the file.
+    assert any(r.get("learner_restored") == "main" for r in records if r["kind"] == "fault")
+    assert _learner_steps(run_dir) == [1, 2, 3] and 1 in _learner_steps(run_dir, "metrics.superseded.jsonl")
     league = json.loads((run_dir / "league_summary.json").read_text())
     assert any(m["kind"] == "snapshot" for m in league["pool"]), "a snapshot joined the anchors"
     assert league["reported"]["matches"] >= 3 and any(m["games"] > 0 and m["mu"] != 25.0 for m in league["pool"])
@@ -79,9 +179,45 @@ def test_smoke_run_survives_killed_actors_and_resumes(tmp_path: Path, capsys: py
     assert Path(evals[-1]["eval/report"]).is_file()
     assert (run_dir / "plots" / "learning_curves.png").is_file()
 
-    # Resume: the learner, the league and the counters continue where they were.
-    assert main([*common, f"train.resume={run_dir}", "train.max_steps=4"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "train_steps=4" in last
-    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "learner"]
-    assert steps[-1] == 4 and steps.count(4) == 1
+    # SIGKILL the driver and its Ray after step 4 was published, before the step-6 checkpoint.
+    # W&B off in the child processes: they would join this process's W&B service, which holds the run id.
+    resume = [*common, f"train.resume={run_dir}", "train.wandb=false"]
+    out = tmp_path / "killed.log"
+    proc = _start_train([*resume, f"inference.port={free_port()}", "train.max_steps=100"], out)
+    try:
+        _wait_for_step(proc, run_dir, 4, out)
+        with pytest.raises(ConfigError, match="in use by another train run"):  # locked while it runs
+            prepare_run_dir(*compose_config(resume))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _wait_until_gone(proc.pid)  # its Ray (raylet, GCS, actors) died with it: nothing survives the kill
+    lost = _learner_steps(run_dir)[3:]
+    assert lost and lost[0] == 4 and max(lost) < 6, "killed between the step-3 and step-6 checkpoints"
+    store = AdapterStore(run_dir / "adapters")
+    published = [r.version for r in store.versions("main")]
+
+    # Resume: step 3 restored, its weights published anew after every version the lost steps left.
+    out = tmp_path / "resumed.log"
+    proc = _start_train([*resume, f"inference.port={free_port()}", "train.max_steps=100"], out)
+    try:
+        _wait_for_step(proc, run_dir, 5, out)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    last = out.read_text().strip().splitlines()[-1]
+    fields = dict(kv.split("=", 1) for kv in last.split())
+    assert fields["stopped"] == "signal_SIGTERM", out.read_text()[-3000:]
+    steps = _learner_steps(run_dir)
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] >= 5  # every step once, in order
+    assert set(lost) <= set(_learner_steps(run_dir, "metrics.superseded.jsonl"))
+    versions = [r.version for r in store.versions("main")]
+    assert versions == list(range(1, len(versions) + 1)) and len(versions) > len(published)
+    newest = CheckpointDir(run_dir / "checkpoints" / "main").newest_good().checkpoint
+    assert newest is not None and newest.step == steps[-1] == int(fields["train_steps"])  # the final checkpoint
+    league = json.loads((run_dir / "league_summary.json").read_text())
+    assert league["current"]["main"] == newest.meta["version"] == f"main@v{versions[-1]}"
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
+    assert evals[-1]["step"] == steps[-1]  # the final evaluation ran after the signal

@@ -70,7 +70,13 @@ class LeagueManager:
 
         Returns {"snapshot": bool, "reset": bool, "member": snapshot key or None, "steps_since_snapshot",
         "win_rate"}. On "reset" the driver calls that policy's `Learner.reset()` and registers the
-        version it publishes. Registering the current version again returns the same answer.
+        version it publishes. Registering the current version again returns the same answer (a retried
+        call, or a resumed run whose learner checkpointed exactly what the league knows), whatever step.
+
+        Versions only move forward: a learner restored from an older checkpoint publishes its weights
+        again under a new number (see `Learner`), so an older version here is a bug, not a resume. The
+        versions the lost steps published stay what they were: snapshots among them remain frozen
+        members of the pool.
         """
         role = self._role(policy)
         owner, number = version_number(version)
@@ -79,10 +85,13 @@ class LeagueManager:
         if isinstance(learner_step, bool) or not isinstance(learner_step, int) or learner_step < 0:
             raise ValueError(f"learner_step must be a non-negative int, got {learner_step!r}")
         last = role["decision"]
-        if role["current"] == version and last is not None and last["step"] == learner_step:
+        if role["current"] == version and last is not None:
             return dict(last["answer"])
         if role["current"] is not None and number <= version_number(role["current"])[1]:
-            raise ValueError(f"{policy}: version {version!r} is not newer than the current {role['current']!r}")
+            raise ValueError(
+                f"{policy}: version {version!r} is not newer than the current {role['current']!r} (a learner "
+                "restored from an older checkpoint must publish its weights under a new number)"
+            )
         role["current"] = version
         answer: dict[str, Any] = {"snapshot": False, "reset": False, "member": None}
         if role["baseline_step"] is None or role["awaiting_reset"] or learner_step < role["baseline_step"]:
@@ -157,6 +166,14 @@ class LeagueManager:
             self.reported["matches"] += 1
             self.reported["results"] += len(forks)
         self._save()
+
+    def pending_reset(self, policy: str) -> bool:
+        """True when the league asked `policy`'s learner for a reset and no reset version has arrived.
+
+        A driver stopped between the answer and `Learner.reset()` finds this on resume and resets then,
+        so the learner's weights agree with the statistics the league already forgot.
+        """
+        return bool(self._role(policy)["awaiting_reset"])
 
     def current(self, policy: str) -> str:
         """The current version of a trained policy (`<policy>@v<N>`)."""

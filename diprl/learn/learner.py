@@ -69,7 +69,16 @@ class Learner:
 
     On construction it restores the newest checkpoint under `run_dir/checkpoints/<policy>/` that
     verifies (corrupt or partial ones are skipped with a warning), or else starts a fresh LoRA (or
-    the `init_adapter` warm start) and publishes it as the policy's first version.
+    the `init_adapter` warm start), publishes it as the policy's first version and checkpoints it
+    as step 0, so a run is resumable from its first moment.
+
+    Versions are immutable and never reused. Steps taken after the newest checkpoint are lost with
+    the process and are taken again after a restore; the versions they published stay in the
+    AdapterStore (the league may hold snapshots of them). So when the store holds versions newer
+    than the checkpoint's, the restored weights are published again under the next free number:
+    the learner's current version is always the newest of its policy, which the league accepts as
+    newer than anything it was told. The superseded steps' records leave this learner's metrics log
+    (moved to `metrics.superseded.jsonl` beside it), so the log holds every step once.
     """
 
     def __init__(
@@ -113,8 +122,11 @@ class Learner:
         self._build(init_dir, seed=config.seed)
         if self.restored.checkpoint is not None:
             self._restore(self.restored.checkpoint)
+            self._continue_numbering()
         else:
             self.publish()
+            if config.checkpoint_every:
+                self.save_checkpoint()
 
     # ------------------------------------------------------------------ building
     def _init_adapter_dir(self) -> Path | None:
@@ -178,6 +190,8 @@ class Learner:
         """A fresh LoRA (exploiter reset): new weights, optimiser state and EMA; published as the next version.
 
         Groups sampled by versions before the reset are from another network and are dropped as stale.
+        The reset is checkpointed at once (whatever the cadence): the league forgets the old network's
+        statistics when it asks for a reset, so a restore must not bring that network back.
         """
         self.counters["resets"] += 1
         self.engine.destroy()
@@ -187,6 +201,7 @@ class Learner:
         ref = parse_policy_ref(name)
         assert ref is not None
         self.min_version = ref.version
+        self.save_checkpoint()
         return name
 
     def train_step(self, groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -518,16 +533,42 @@ class Learner:
         self.ema = {k: v.float() for k, v in state["ema"].items()}
         restore_rng_state(state["rng"])
         self.last_checkpoint = checkpoint.path
-        latest = self.store.latest(self.config.policy)
-        if latest is not None and self.version is not None and latest.name != self.version:
-            logger.warning(
-                "%s: restored %s at step %d, but the store's latest is %s (published after that checkpoint)",
-                self.config.policy,
-                self.version,
-                self.step,
-                latest.name,
-            )
         logger.info("restored %s from %s (step %d)", self.config.policy, checkpoint.path, self.step)
+
+    def _continue_numbering(self) -> None:
+        """After a restore: supersede the steps taken after the checkpoint and never reuse their versions.
+
+        The restored weights are those of the checkpoint's version; when the store has newer ones
+        (published by the lost steps) they are published again as the next number. `weights_version`
+        keeps naming the checkpoint's version: records sampled by it are then replayed exactly as the
+        first time (no recomputed old logprobs), and records sampled by the new number, the same
+        weights, are recomputed under them.
+        """
+        from diprl.atomic_io import move_jsonl_records
+
+        moved = move_jsonl_records(
+            self.metrics_path,
+            self.metrics_path.with_name("metrics.superseded.jsonl"),
+            lambda r: int(r.get("step", 0)) > self.step,
+        )
+        latest = self.store.latest(self.config.policy)
+        if latest is None or self.version is None or latest.name == self.version:
+            return
+        restored_weights = self.weights_version
+        lost = latest.name
+        self.publish()
+        if restored_weights is not None:
+            self.weights_version = restored_weights
+        logger.warning(
+            "%s: restored step %d (%s); steps after it were lost (%d logged, up to %s): "
+            "its weights are published again as %s",
+            self.config.policy,
+            self.step,
+            restored_weights,
+            moved,
+            lost,
+            self.version,
+        )
 
 
 def learner_actor(

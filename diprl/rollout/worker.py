@@ -2,10 +2,13 @@
 
 - `RolloutWorker` (CPU actor, restarted after a crash) plays one `Match` per call. Ray retries a call
   that a crash interrupted on the restarted worker; the retry replays the same match (same seed).
-- `GroupLedger` (async actor) is the only way into the learner's `ray.util.queue.Queue`: it remembers
-  every group id it accepted, so a retried match whose group was already delivered is dropped, and a
-  match that crashed before delivering is delivered by its retry. Never lost, never duplicated. Its
-  `put` waits while the queue is full: backpressure instead of unbounded memory.
+- `GroupLedger` (async actor, restarted after a crash) is the only way into the learner's
+  `ray.util.queue.Queue`: it remembers every group id it accepted (in an fsynced append-only file in
+  the run directory when given one, so a restarted ledger still knows them), so a retried match whose
+  group was already delivered is dropped, and a match that crashed before delivering is delivered by
+  its retry. Its `put` waits while the queue is full: backpressure instead of unbounded memory. Once
+  the driver stops consuming it calls `close()`: waiting deliveries return False (refused, not
+  accepted: nothing half-delivered) instead of blocking their workers forever.
 - `RolloutRunner` (driver side) hands out matches with the hero's power stratified, collects the
   match results (to a JSONL sink in the run directory until the league manager exists) and writes
   the sampled traces.
@@ -23,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.queue import Queue
+from ray.util.queue import Full, Queue
 
 from diprl.game import DiplomacyGame
 from diprl.rollout.episode import Episode, EpisodeConfig
 from diprl.rollout.types import Match
+
+CLOSE_POLL_S = 1.0  # how often a delivery waiting on a full queue checks whether the ledger was closed
 
 
 @dataclass
@@ -57,21 +62,54 @@ def policy_of(version: str) -> str:
     return version.split("@", 1)[0] if "@" in version else ""
 
 
-@ray.remote
+def _queue(queue: Queue | str) -> Queue:
+    """A queue, or a client of the queue actor with this name (its bound is enforced by the actor)."""
+    if not isinstance(queue, str):
+        return queue
+    client = Queue.__new__(Queue)
+    client.maxsize = 0
+    client.actor = ray.get_actor(queue)
+    return client
+
+
+@ray.remote(max_restarts=-1, max_task_retries=-1)
 class GroupLedger:
     """Exactly-once delivery of trajectory groups into bounded queues, one per trained policy.
 
     `queues` is one queue that takes every group, or a mapping from policy name to that policy's
     learner queue: a group goes to the queue of the policy its hero played (`main@v3` -> `main`).
     A group for a policy no learner trains (the hero was `base`) is counted, not queued.
+
+    Queues may be given by the name of their actor (`Queue(actor_options={"name": ...})`), which is
+    what a restartable ledger needs: a handle among the constructor arguments lives in the object
+    store, and Ray cannot promise it survives until a restart (ray-project/ray#53727, an error-level
+    line for every such actor); a name is a plain value.
+
+    `accepted_log` (a path; None keeps the ids in memory only) records each accepted id, fsynced
+    after the put and before `deliver` returns, so a ledger Ray restarts reads them back and still
+    drops a retried group. A crash between the put and the write can let one group through twice;
+    the queues themselves are in memory, so a crashed queue loses what it held (the learner trains on
+    fresh groups instead).
     """
 
-    def __init__(self, queues: Queue | Mapping[str, Queue]) -> None:
-        self.queues: dict[str, Queue] | Queue = dict(queues) if isinstance(queues, Mapping) else queues
+    def __init__(self, queues: Queue | str | Mapping[str, Queue | str], accepted_log: str | None = None) -> None:
+        self.queues: dict[str, Queue] | Queue = (
+            {p: _queue(q) for p, q in queues.items()} if isinstance(queues, Mapping) else _queue(queues)
+        )
         self.accepted: set[str] = set()
         self.in_flight: set[str] = set()
         self.duplicates = 0
         self.unroutable = 0
+        self.refused = 0
+        self.closed = False
+        self.log_path = Path(accepted_log) if accepted_log else None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            if self.log_path.is_file():
+                # A torn last line (a crash mid-write) has no newline: its id was never acknowledged.
+                text = self.log_path.read_text()
+                lines = text.split("\n")
+                self.accepted.update(line for line in lines[:-1] if line)
 
     def _queue_for(self, group: dict[str, Any]) -> Queue | None:
         if not isinstance(self.queues, dict):
@@ -79,7 +117,11 @@ class GroupLedger:
         return self.queues.get(policy_of(str(group.get("policy_version", ""))))
 
     async def deliver(self, group: dict[str, Any], timeout_s: float | None = None) -> bool:
-        """Put `group` in its policy's queue unless a group with its id was already accepted; True if put."""
+        """Put `group` in its policy's queue unless a group with its id was already accepted; True if put.
+
+        Waits while the queue is full (up to `timeout_s`, then `Full`, as the queue does); returns
+        False at once, without putting, once the ledger is closed.
+        """
         group_id = group["group_id"]
         if group_id in self.accepted or group_id in self.in_flight:
             self.duplicates += 1
@@ -89,15 +131,43 @@ class GroupLedger:
             self.unroutable += 1
             return False
         self.in_flight.add(group_id)  # no await before this line: check-and-mark is atomic
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            await queue.put_async(group, block=True, timeout=timeout_s)
+            while True:
+                if self.closed:
+                    self.refused += 1
+                    return False
+                wait = CLOSE_POLL_S if deadline is None else max(0.0, min(CLOSE_POLL_S, deadline - time.monotonic()))
+                try:
+                    await queue.put_async(group, block=True, timeout=wait)
+                    break
+                except Full:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
         finally:
             self.in_flight.discard(group_id)
-        self.accepted.add(group_id)
+        self._accept(group_id)
         return True
 
+    def _accept(self, group_id: str) -> None:
+        self.accepted.add(group_id)
+        if self.log_path is not None:
+            with self.log_path.open("a") as fh:
+                fh.write(group_id + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        """The consumer stopped: refuse every waiting and future delivery (the groups stay unaccepted)."""
+        self.closed = True
+
     def stats(self) -> dict[str, int]:
-        return {"accepted": len(self.accepted), "duplicates": self.duplicates, "unroutable": self.unroutable}
+        return {
+            "accepted": len(self.accepted),
+            "duplicates": self.duplicates,
+            "unroutable": self.unroutable,
+            "refused": self.refused,
+        }
 
 
 @ray.remote(max_restarts=-1, max_task_retries=-1)

@@ -245,3 +245,26 @@ def test_rating_of_a_ref_matches_the_summary_without_solving_nash(tmp_path: Path
     assert manager.rating("bot:dumbbot") == pytest.approx(rows["bot:dumbbot"])
     assert manager.rating("main@v1") > manager.rating("bot:dumbbot")  # main won every match
     assert manager.rating("main@v9") is None
+
+
+def test_a_resumed_learner_registers_its_current_version_again_and_versions_only_move_forward(tmp_path: Path) -> None:
+    manager = league(tmp_path, anchors=["bot:dumbbot"], main=ONLY_ANCHORS, snapshot_steps=1)
+    answer = manager.register_version("main", "main@v2", 10)
+    assert answer["snapshot"] and answer["member"] == "main@v2"
+    # A resume whose learner checkpointed exactly this version registers it again at its own step.
+    assert manager.register_version("main", "main@v2", 9) == answer
+    # A learner restored from an older checkpoint publishes its weights anew (v3); v2 stays a snapshot.
+    manager.register_version("main", "main@v3", 8)
+    assert manager.current("main") == "main@v3" and "main@v2" in [m["member"] for m in manager.summary()["pool"]]
+    with pytest.raises(ValueError, match="under a new number"):
+        manager.register_version("main", "main@v2", 8)
+
+
+def test_a_reset_the_learner_never_made_is_pending_after_a_restart(tmp_path: Path) -> None:
+    config = LeagueConfig(roles=["main", "main_exploiter"], snapshot_steps=1)
+    manager = league(tmp_path, roles=["main", "main_exploiter"], snapshot_steps=1)
+    assert not manager.pending_reset("main_exploiter")
+    assert manager.register_version("main_exploiter", "main_exploiter@v2", 2)["reset"]
+    assert LeagueManager(config, tmp_path).pending_reset("main_exploiter")  # the driver died before reset()
+    manager.register_version("main_exploiter", "main_exploiter@v3", 2)  # the reset's version arrived
+    assert not LeagueManager(config, tmp_path).pending_reset("main_exploiter")

@@ -22,10 +22,11 @@ from diprl.learn.batching import collate
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.loss import grpo_loss
-from diprl.learn.model import CompletionHidden, build_peft_model, completion_logprobs, lora_state
+from diprl.learn.model import CompletionHidden, build_peft_model, completion_logprobs, lora_state, read_adapter_dir
 from diprl.learn.train_state import engine_state, rng_state
 from diprl.policy.models import load_preset
 from diprl.policy.tokenizer import load_tokenizer
+from diprl.tracking import read_metrics
 
 from .groups import make_group, on_policy
 
@@ -156,6 +157,9 @@ def test_reset_publishes_a_fresh_lora_and_drops_groups_from_before_it(shared: Le
     new_version = shared.reset()
     assert int(new_version.split("@v")[1]) == int(old_version.split("@v")[1]) + 1
     assert all(float(t.abs().max()) == 0 for n, t in lora_state(shared.peft).items() if "lora_B" in n)
+    # Checkpointed at once, whatever the cadence: a restore never brings back the network the league forgot.
+    restored = shared.checkpoints.newest_good().checkpoint
+    assert restored is not None and restored.meta["version"] == new_version
     metrics = shared.train_step([make_group(shared.table, tokenizer, old_version, [1.0, -1.0], seed=7)])
     assert metrics["trained"] == 0 and metrics["dropped_stale"] == 1
 
@@ -187,6 +191,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
 ) -> None:
     run, adapters = tmp_path / "run", tmp_path / "adapters"
     a = Learner(_config(checkpoint_every=1), run, adapters)
+    assert (run / "checkpoints" / "main" / "step-0").is_dir()  # resumable from its first moment
     groups = [make_group(a.table, tokenizer, f"main@v{i + 1}", [1.0, -1.0, 0.3], seed=10 + i) for i in range(3)]
     for g in groups[:2]:
         a.train_step([g])
@@ -201,13 +206,22 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     shutil.rmtree(run / "checkpoints" / "main" / "step-3")
 
     b = Learner(_config(checkpoint_every=1), run, adapters)
-    assert b.step == 2 and b.latest_version() == "main@v3"
     assert _tensors_equal(_snapshot(b), at_step_2)  # master weights, Adam moments and RNGs bit for bit
+    # Step 3's main@v4 stays in the store (never reused): the restored weights (main@v3's) become main@v5.
+    assert b.step == 2 and b.latest_version() == "main@v5"
+    store = AdapterStore(adapters)
+    assert [r.name for r in store.versions("main")] == [f"main@v{i}" for i in range(1, 6)]
+    v3, v5 = (read_adapter_dir(store.resolve(v).path, b.peft) for v in ("main@v3", "main@v5"))
+    assert all(torch.equal(v3[k], v5[k]) for k in v3)
+    log = run / "learner" / "main" / "metrics.jsonl"
+    assert [r["step"] for r in read_metrics(log)] == [1, 2]  # the lost step left the log...
+    assert [r["step"] for r in read_metrics(log.with_name("metrics.superseded.jsonl"))] == [3]  # ...kept aside
     replay = b.train_step([groups[2]])
     assert replay["loss"] == expected["loss"] and replay["kl"] == expected["kl"]
     weights = lora_state(b.peft)
     assert all(torch.equal(weights[k], expected_weights[k]) for k in weights)
     assert _tensors_equal(_snapshot(b), expected_state)
+    assert [r["step"] for r in read_metrics(log)] == [1, 2, 3]
     b.engine.destroy()
 
     newest = run / "checkpoints" / "main" / "step-3"

@@ -133,4 +133,43 @@ def test_ledger_routes_groups_to_their_policys_queue_once(ray_cluster: None) -> 
     assert delivered == [True, True, False, False]
     assert [g["group_id"] for g in [queues["main"].get(timeout=5)]] == ["a"]
     assert queues["main"].empty() and queues["main_exploiter"].get(timeout=5)["group_id"] == "b"
-    assert ray.get(ledger.stats.remote()) == {"accepted": 2, "duplicates": 1, "unroutable": 1}
+    assert ray.get(ledger.stats.remote()) == {"accepted": 2, "duplicates": 1, "unroutable": 1, "refused": 0}
+
+
+def test_a_restarted_ledger_still_drops_groups_it_accepted(
+    ray_cluster: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import ray
+    from ray.util.queue import Queue
+
+    from diprl.rollout.worker import GroupLedger
+
+    queue = Queue(maxsize=4, actor_options={"name": "queue-restart-test"})
+    accepted = str(tmp_path / "ledger" / "accepted.txt")
+    ledger = GroupLedger.remote({"main": "queue-restart-test"}, accepted)  # type: ignore[attr-defined]
+    assert ray.get(ledger.deliver.remote({"group_id": "a", "policy_version": "main@v1"})) is True
+    ray.kill(ledger, no_restart=False)  # Ray restarts it; its accepted ids come back from the file
+    assert ray.get(ledger.deliver.remote({"group_id": "a", "policy_version": "main@v1"})) is False
+    assert ray.get(ledger.deliver.remote({"group_id": "b", "policy_version": "main@v1"})) is True
+    assert ray.get(ledger.stats.remote())["accepted"] == 2
+    assert [queue.get(timeout=5)["group_id"] for _ in range(2)] == ["a", "b"]
+    # Queues passed by name: no object-store constructor argument for Ray to lose (ray-project/ray#53727).
+    assert "constructor arguments in the object store" not in capfd.readouterr().err
+
+
+def test_a_delivery_waiting_on_a_full_queue_returns_once_the_ledger_closes(ray_cluster: None) -> None:
+    import ray
+    from ray.util.queue import Queue
+
+    from diprl.rollout.worker import GroupLedger
+
+    queue = Queue(maxsize=1)
+    ledger = GroupLedger.remote(queue)  # type: ignore[attr-defined]
+    assert ray.get(ledger.deliver.remote({"group_id": "a", "policy_version": "main@v1"})) is True
+    waiting = ledger.deliver.remote({"group_id": "b", "policy_version": "main@v1"})
+    assert ray.wait([waiting], timeout=2)[0] == []  # backpressure: it waits while the queue is full
+    ray.get(ledger.close.remote())  # the driver stopped taking batches
+    assert ray.get(waiting, timeout=30) is False
+    assert ray.get(ledger.stats.remote())["refused"] == 1 and queue.qsize() == 1
+    # Not accepted: the same group is still deliverable by a later ledger (nothing half-delivered).
+    assert ray.get(GroupLedger.remote(queue).stats.remote())["accepted"] == 0  # type: ignore[attr-defined]
