@@ -434,7 +434,13 @@ class Driver:
     def _learner_done(self, ref: Any, policy: str) -> None:
         import ray
 
-        metrics = ray.get(ref)
+        try:
+            metrics = ray.get(ref)
+        except Exception as exc:  # about this batch (kept in the learner's quarantine file): the run goes on
+            self.tracker.log("fault", {"learner": policy, "error": repr(exc)[:500]}, policy)
+            return
+        for fault in _learner_faults(metrics):
+            self.tracker.log("fault", {"learner": policy, **fault}, policy)
         self.steps[policy] = int(metrics["step"])
         self.last_learner[policy] = metrics
         rollout = {
@@ -444,7 +450,8 @@ class Driver:
             "rollout/groups_per_s": self._groups_per_s(),
             "queue/depth": self.queues[policy].qsize(),
         }
-        self.tracker.log("learner", {k: v for k, v in metrics.items() if k != "published"}, policy)
+        skip = ("published", "quarantined_records", "faults")
+        self.tracker.log("learner", {k: v for k, v in metrics.items() if k not in skip}, policy)
         self.tracker.log("rollout", rollout, policy)
         published = metrics.get("published")
         if published:
@@ -455,6 +462,7 @@ class Driver:
                 version = ray.get(self.learners[policy].reset.remote())
                 self.versions[policy] = str(version)
                 ray.get(self.league.register_version.remote(policy, version, self.steps[policy]))
+            self.learners[policy].prune_versions.remote(ray.get(self.league.refs_in_use.remote()))
         if policy == "main" and self.steps[policy] % 5 == 0:
             self.rating = self._main_rating()
         save_counters(self.run_dir, self.counters)
@@ -565,6 +573,15 @@ def _progress(every_s: float) -> Any:
     from diprl.tracking import ProgressLine
 
     return ProgressLine(every_s)
+
+
+def _learner_faults(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One fault record per quarantined record, failed publish or checkpoint, and skipped non-finite step."""
+    faults = [{"fault": "quarantined", **q} for q in metrics.get("quarantined_records") or []]
+    faults += list(metrics.get("faults") or [])
+    if metrics.get("nonfinite_gradients"):
+        faults.append({"fault": "nonfinite_gradients", "step": metrics.get("step")})
+    return faults
 
 
 def _mean(values: Sequence[float] | deque[float]) -> float:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -54,6 +56,46 @@ def test_resume_of_a_missing_run_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="not a run directory"):
         prepare_run_dir(config, resolved)
+
+
+def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found: the driver's ray.get of a learner step re-raised the learner's exception and ended the run."""
+    import ray
+
+    from diprl.train import Driver
+
+    config, _ = compose_config(["+experiment=smoke"])
+    driver = Driver(config, tmp_path)
+    logged: list[tuple[str, dict[str, Any]]] = []
+    driver.tracker = SimpleNamespace(log=lambda kind, values, policy="main": logged.append((kind, dict(values))))
+    driver.queues = {"main": SimpleNamespace(qsize=lambda: 0)}
+    outcomes: list[Any] = [
+        RuntimeError("one batch the learner could not take"),
+        {
+            "step": 3,
+            "trained": 1,
+            "published": None,
+            "quarantined": 1,
+            "quarantined_records": [{"reason": "constraint", "error": "...", "group_id": "g", "index": 2}],
+            "faults": [{"fault": "publish_failed", "step": 3, "error": "OSError(28, 'No space left on device')"}],
+        },
+    ]
+
+    def get(ref: Any) -> Any:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(ray, "get", get)
+    driver._learner_done(object(), "main")
+    driver._learner_done(object(), "main")
+    faults = [values for kind, values in logged if kind == "fault"]
+    assert [f.get("fault") for f in faults] == [None, "quarantined", "publish_failed"]
+    assert "one batch" in faults[0]["error"] and faults[1]["group_id"] == "g" and faults[1]["index"] == 2
+    [learner] = [values for kind, values in logged if kind == "learner"]
+    assert learner["quarantined"] == 1 and "quarantined_records" not in learner
+    assert driver.steps["main"] == 3
 
 
 @pytest.mark.slow

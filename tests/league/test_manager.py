@@ -226,3 +226,18 @@ def test_rating_of_a_ref_matches_the_summary_without_solving_nash(tmp_path: Path
     assert manager.rating("bot:dumbbot") == pytest.approx(rows["bot:dumbbot"])
     assert manager.rating("main@v1") > manager.rating("bot:dumbbot")  # main won every match
     assert manager.rating("main@v9") is None
+
+
+def test_refs_in_use_are_what_the_adapter_store_must_keep(tmp_path: Path) -> None:
+    manager = league(tmp_path, anchors=["bot:dumbbot"], main=ONLY_ANCHORS, snapshot_steps=100)
+    in_flight = manager.next_match("main")  # handed out while main@v1 is current, not yet reported
+    manager.register_version("main", "main@v2", 1)
+    manager.register_version("main", "main@v3", 2)
+    assert manager.refs_in_use() == ["bot:dumbbot", "main@v1", "main@v3"]  # v2: nothing holds it
+    manager.report(hero_wins(in_flight))
+    assert manager.refs_in_use() == ["bot:dumbbot", "main@v3"]
+    for _ in range(3):
+        manager.report(hero_wins(manager.next_match("main")))
+    assert manager.register_version("main", "main@v4", 200)["snapshot"] is True
+    manager.register_version("main", "main@v5", 201)
+    assert manager.refs_in_use() == ["bot:dumbbot", "main@v4", "main@v5"]  # v4 stays: a pool snapshot
