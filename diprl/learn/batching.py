@@ -20,6 +20,9 @@ from diprl.game.legal import PowerOrders
 from diprl.policy.constraint import ConstraintViolation, OrderConstraint
 from diprl.policy.vocab import TokenTable
 
+MIN_TEMPERATURE = 1e-5
+"""vLLM treats a temperature below this as greedy decoding (`vllm.sampling_params._SAMPLING_EPS`)."""
+
 
 class BadRecord(ValueError):
     """A training record the learner must not train on; `reason` is a short code for counting and quarantine.
@@ -95,8 +98,12 @@ def prepare_record(
         raise BadRecord(
             "bad_temperature", f"{where}: temperature {record.get('temperature')!r} is not a number"
         ) from None
-    if not (temperature > 0 and np.isfinite(temperature)):
-        raise BadRecord("bad_temperature", f"{where}: temperature must be positive and finite, got {temperature}")
+    if not (MIN_TEMPERATURE <= temperature < float("inf")):
+        raise BadRecord(
+            "bad_temperature",
+            f"{where}: temperature must be finite and >= {MIN_TEMPERATURE:g} (below it vLLM samples greedily, "
+            f"which is no tempered distribution to train on), got {temperature}",
+        )
     n = len(completion)
     if need_rl_fields:
         try:

@@ -507,10 +507,10 @@ class Learner:
                 for i, r in enumerate(records)
             ]
         screened = self._screen(records, origins, rl)
-        quarantined = screened.quarantined
+        self._record_quarantine(screened.quarantined)  # written before the step: kept whatever happens next
+        quarantined = list(screened.quarantined)
         prepared = screened.prepared
         if not prepared:
-            self._record_quarantine(quarantined)
             return self._no_step({**extra, **_quarantine_metrics(quarantined)}, start)
         self._recompute(prepared, rl)
         t1 = time.perf_counter()
@@ -519,6 +519,7 @@ class Learner:
         stats = LossStats()
         loss_total = 0.0
         excluded: set[int] = set()
+        blamed_entries: list[dict[str, Any]] = []
         self.engine.train()
         for i, (idx, mb) in enumerate(batches):
             self.engine.set_gradient_accumulation_boundary(i == len(batches) - 1)
@@ -529,7 +530,7 @@ class Learner:
                 if blamed:
                     for j in blamed:
                         excluded.add(idx[j])
-                        quarantined.append(
+                        blamed_entries.append(
                             _quarantine_entry(
                                 "nonfinite_loss",
                                 f"{cfg.policy} step {self.step + 1}: the record's own loss is not finite "
@@ -555,7 +556,8 @@ class Learner:
         t2 = time.perf_counter()
         self.engine.step()
         grad_norm = self.engine.get_global_grad_norm()
-        self._record_quarantine(quarantined)
+        self._record_quarantine(blamed_entries)
+        quarantined += blamed_entries
         if not self.engine.was_step_applied():
             # DeepSpeed skips the update on non-finite gradients (and clears them): no step is taken.
             self.counters["nonfinite_steps"] += 1
