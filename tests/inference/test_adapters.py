@@ -696,7 +696,10 @@ def test_publish_refuses_non_finite_weights_and_writes_nothing(
     def poison(t: dict[str, torch.Tensor]) -> None:
         for k in t:
             t[k] = t[k].to(dtype)
-        t[_first_key(t, "lora_B")][3, 1] = value
+        weight = t[_first_key(t, "lora_B")]
+        extremes = torch.finfo(dtype)
+        weight[0, :3] = torch.tensor([extremes.max, -extremes.max, extremes.smallest_normal / 4])  # finite: allowed
+        weight[3, 1] = value
 
     store = AdapterStore(tmp_path / "store")
     store.publish("p", loras["a"])
