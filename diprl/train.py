@@ -261,6 +261,7 @@ class Driver:
         self.rating: float | None = None
         self.chaos_done = False
         self.last_eval_version: str | None = None
+        self.evaluations_pending: tuple[dict[Any, tuple[str, int]], list[tuple[str, int]]] = ({}, [])
 
     # ---------------------------------------------------------------- start
     def start(self) -> None:
@@ -350,6 +351,7 @@ class Driver:
         learning: dict[Any, str] = {}  # ref -> policy
         evaluating: dict[Any, tuple[str, int]] = {}  # ref -> (version, step)
         eval_queue: list[tuple[str, int]] = []
+        self.evaluations_pending = (evaluating, eval_queue)  # versions pruning must keep
         if e.at_start and self.counters.evaluations == 0:
             eval_queue.append((self.versions["main"], self.steps["main"]))
         next_eval_step = (self.steps["main"] // e.every_steps + 1) * e.every_steps if e.every_steps else None
@@ -462,7 +464,9 @@ class Driver:
                 version = ray.get(self.learners[policy].reset.remote())
                 self.versions[policy] = str(version)
                 ray.get(self.league.register_version.remote(policy, version, self.steps[policy]))
-            self.learners[policy].prune_versions.remote(ray.get(self.league.refs_in_use.remote()))
+            evaluating, eval_queue = self.evaluations_pending
+            keep = {*ray.get(self.league.refs_in_use.remote()), *(v for v, _ in [*evaluating.values(), *eval_queue])}
+            self.learners[policy].prune_versions.remote(sorted(keep))
         if policy == "main" and self.steps[policy] % 5 == 0:
             self.rating = self._main_rating()
         save_counters(self.run_dir, self.counters)
