@@ -274,7 +274,13 @@ class Learner:
             # caller record the fault and go on.
             self._quarantine(
                 [
-                    {"reason": "learner_error", "error": f"{type(err).__name__}: {err}"[:1000], "group": g}
+                    {
+                        "reason": "learner_error",
+                        "error": f"{type(err).__name__}: {err}"[:1000],
+                        "group_id": _text(g.get("group_id")),
+                        "policy_version": _text(g.get("policy_version")),
+                        "group": g,
+                    }
                     for g in groups
                 ]
             )

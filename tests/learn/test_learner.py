@@ -336,6 +336,25 @@ def test_a_full_disk_at_publish_or_checkpoint_is_a_fault_and_retried_next_step(
     assert metrics["checkpoint"] is not None and shared.config.checkpoint_every == 0
 
 
+def test_an_unexpected_error_keeps_the_batch_in_quarantine_and_is_raised(
+    shared: Learner, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver records the raised error as a fault; the groups it was given are not lost."""
+    group = make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1.0], seed=35)
+
+    def bug(*args: Any) -> None:
+        raise RuntimeError("a bug, not a bad record")
+
+    monkeypatch.setattr(shared, "_recompute", bug)
+    quarantine = shared.run_dir / "learner" / "main" / "quarantine.jsonl"
+    before = len(_lines(quarantine))
+    with pytest.raises(RuntimeError, match="a bug"):
+        shared.train_step([group])
+    [saved] = _lines(quarantine)[before:]
+    assert saved["reason"] == "learner_error" and saved["group_id"] == group["group_id"]
+    assert saved["group"]["records"][1]["completion_ids"] == group["records"][1]["completion_ids"]
+
+
 def test_prune_versions_keeps_the_leagues_the_trainable_and_the_newest(shared: Learner) -> None:
     keep_last = max(shared.config.keep_versions, shared.config.max_policy_lag + 1)
     while len(shared.store.versions("main")) < keep_last + 4:
