@@ -51,6 +51,7 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAMESPACE = "diprl"
 SERVE_APP = "policy-server"  # prefix of a run's PolicyServer application (and deployment): its replicas' name
 LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
+MAX_LEARNER_FAILURES = 3  # consecutive failed steps of one learner that end the run (one bad batch does not)
 LOCK_FILE = ".lock"  # flock'ed by the train process that owns a run directory
 # Keys a resume may change: budgets and how this invocation reports or reaches its servers. Anything
 # else (model, learner, league, rewards, rollout shape, seeds) would make the continued run another run.
@@ -423,6 +424,8 @@ class Driver:
         self.stop_reason: str | None = None  # why the run stops before its budget (signal, failed actor)
         self.exit_code = 0
         self.ledger_closed = False
+        self.evaluations_pending: tuple[dict[Any, tuple[str, int]], list[tuple[str, int]]] = ({}, [])
+        self.learner_failures: dict[str, int] = {}  # consecutive failed steps per policy
 
     def request_stop(self, reason: str, exit_code: int) -> None:
         """Stop taking new work; what runs finishes, then the final checkpoint, evaluation and summary."""
@@ -568,6 +571,7 @@ class Driver:
         learning: dict[Any, str] = {}  # ref -> policy
         evaluating: dict[Any, tuple[str, int]] = {}  # ref -> (version, step)
         eval_queue: list[tuple[str, int]] = []
+        self.evaluations_pending = (evaluating, eval_queue)  # versions pruning must keep
         if e.at_start and self.counters.evaluations == 0:
             eval_queue.append((self.versions["main"], self.steps["main"]))
         next_eval_step = (self.steps["main"] // e.every_steps + 1) * e.every_steps if e.every_steps else None
@@ -663,12 +667,20 @@ class Driver:
 
         try:
             metrics = ray.get(ref)
-        except Exception as exc:  # the step raised (bad batch, non-finite loss): end the run properly
-            self.tracker.log("fault", {"learner": policy, "error": repr(exc)[:500], "stopping": True}, policy)
-            self.request_stop(f"learner-{policy} failed: {exc!r:.300}", 1)
+        except Exception as exc:  # about this batch (kept in the learner's quarantine file): the run goes on
+            failures = self.learner_failures.get(policy, 0) + 1
+            self.learner_failures[policy] = failures
+            stopping = failures >= MAX_LEARNER_FAILURES
+            self.tracker.log("fault", {"learner": policy, "error": repr(exc)[:500], "stopping": stopping}, policy)
+            if stopping:  # not one bad batch but a learner that fails every step: end the run properly
+                self.request_stop(f"learner-{policy} failed {failures} steps in a row: {exc!r:.300}", 1)
             return
+        self.learner_failures[policy] = 0
+        for fault in _learner_faults(metrics):
+            self.tracker.log("fault", {"learner": policy, **fault}, policy)
         step, trained = int(metrics["step"]), int(metrics.get("trained", 0))
-        if step < self.steps[policy] or (trained and step == self.steps[policy]):
+        previous = self.steps.get(policy, 0)
+        if step < previous or (trained and step == previous):
             # Ray restarted the learner: it restored its newest checkpoint and redid this step.
             moved = self._supersede(policy, step - trained)
             self.tracker.log("fault", {"learner_restored": policy, "step": step - trained, "superseded": moved}, policy)
@@ -681,7 +693,8 @@ class Driver:
             "rollout/groups_per_s": self._groups_per_s(),
             "queue/depth": self.queues[policy].qsize(),
         }
-        self.tracker.log("learner", {k: v for k, v in metrics.items() if k != "published"}, policy)
+        skip = ("published", "quarantined_records", "faults")
+        self.tracker.log("learner", {k: v for k, v in metrics.items() if k not in skip}, policy)
         self.tracker.log("rollout", rollout, policy)
         published = metrics.get("published")
         if published:
@@ -692,6 +705,9 @@ class Driver:
                 version = ray.get(self.learners[policy].reset.remote())
                 self.versions[policy] = str(version)
                 ray.get(self.league.register_version.remote(policy, version, self.steps[policy]))
+            evaluating, eval_queue = self.evaluations_pending
+            keep = {*ray.get(self.league.refs_in_use.remote()), *(v for v, _ in [*evaluating.values(), *eval_queue])}
+            self.learners[policy].prune_versions.remote(sorted(keep))
         if policy == "main" and self.steps[policy] % 5 == 0:
             self.rating = self._main_rating()
         save_counters(self.run_dir, self.counters)
@@ -805,6 +821,15 @@ def _progress(every_s: float) -> Any:
     from diprl.tracking import ProgressLine
 
     return ProgressLine(every_s)
+
+
+def _learner_faults(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One fault record per quarantined record, failed publish or checkpoint, and skipped non-finite step."""
+    faults = [{"fault": "quarantined", **q} for q in metrics.get("quarantined_records") or []]
+    faults += list(metrics.get("faults") or [])
+    if metrics.get("nonfinite_gradients"):
+        faults.append({"fault": "nonfinite_gradients", "step": metrics.get("step")})
+    return faults
 
 
 def _mean(values: Sequence[float] | deque[float]) -> float:

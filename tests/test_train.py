@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -59,6 +61,61 @@ def test_resume_of_a_missing_run_is_refused(tmp_path: Path) -> None:
     config, resolved = compose_config(["+experiment=smoke", f"train.resume={tmp_path / 'nothing'}"])
     with pytest.raises(ConfigError, match="not a run directory"):
         prepare_run_dir(config, resolved)
+
+
+def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found: the driver's ray.get of a learner step re-raised the learner's exception and ended the run.
+
+    Also: after a publish the driver has the learner prune old versions, keeping what the league holds
+    and the versions being (or waiting to be) evaluated.
+    """
+    import ray
+
+    from diprl.train import Driver
+
+    config, _ = compose_config(["+experiment=smoke"])
+    driver = Driver(config, tmp_path)
+    logged: list[tuple[str, dict[str, Any]]] = []
+    driver.tracker = SimpleNamespace(log=lambda kind, values, policy="main": logged.append((kind, dict(values))))
+    driver.queues = {"main": SimpleNamespace(qsize=lambda: 0)}
+    outcomes: list[Any] = [
+        RuntimeError("one batch the learner could not take"),
+        {
+            "step": 3,
+            "trained": 1,
+            "published": None,
+            "quarantined": 1,
+            "quarantined_records": [{"reason": "constraint", "error": "...", "group_id": "g", "index": 2}],
+            "faults": [{"fault": "publish_failed", "step": 3, "error": "OSError(28, 'No space left on device')"}],
+        },
+        {"step": 4, "trained": 1, "published": "main@v5", "quarantined": 0, "quarantined_records": [], "faults": []},
+        {"snapshot": False, "reset": False},  # the league's answer to register_version
+        ["bot:random", "main@v5"],  # refs_in_use
+    ]
+    pruned: list[list[str]] = []
+    driver.league = SimpleNamespace(
+        register_version=SimpleNamespace(remote=lambda *args: "ref"), refs_in_use=SimpleNamespace(remote=lambda: "ref")
+    )
+    driver.learners = {"main": SimpleNamespace(prune_versions=SimpleNamespace(remote=pruned.append))}
+    driver.evaluations_pending = ({"ref": ("main@v2", 10)}, [("main@v3", 20)])  # being evaluated, queued
+
+    def get(ref: Any) -> Any:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(ray, "get", get)
+    driver._learner_done(object(), "main")
+    driver._learner_done(object(), "main")
+    assert driver.steps["main"] == 3 and not pruned
+    driver._learner_done(object(), "main")
+    assert pruned == [["bot:random", "main@v2", "main@v3", "main@v5"]] and driver.versions["main"] == "main@v5"
+    faults = [values for kind, values in logged if kind == "fault"]
+    assert [f.get("fault") for f in faults] == [None, "quarantined", "publish_failed"]
+    assert "one batch" in faults[0]["error"] and faults[1]["group_id"] == "g" and faults[1]["index"] == 2
+    learner = next(values for kind, values in logged if kind == "learner")
+    assert learner["quarantined"] == 1 and "quarantined_records" not in learner
 
 
 def test_a_new_run_refuses_a_directory_that_holds_anything(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "learner": "diprl.bench.learner",
     "league": "diprl.bench.league",
     "learning": "diprl.bench.learning",
+    "faults": "diprl.bench.faults",
 }
 
 

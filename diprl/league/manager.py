@@ -182,6 +182,18 @@ class LeagueManager:
             raise RuntimeError(f"{policy} has no version yet: register_version({policy!r}, ...) first")
         return str(role["current"])
 
+    def refs_in_use(self) -> list[str]:
+        """Every PolicyRef the league may still hand out or be told about, sorted.
+
+        The current version of every role, every pool member's ref, and the seats of matches handed out
+        and not yet reported. What the adapter store must keep when it deletes old versions.
+        """
+        refs = {str(r["current"]) for r in self.roles.values() if r["current"] is not None}
+        refs |= {m.ref for m in self.members.values() if m.kind != LEARNER}
+        for match in self.pending.values():
+            refs |= {str(ref) for ref in match["seats"].values()}
+        return sorted(refs)
+
     def rating(self, ref: str) -> float | None:
         """openskill ordinal (mu - 3 sigma) of the pool member that plays `ref`, or None if none does.
 

@@ -3,7 +3,8 @@
 The learner is blind to game logic: each record carries its legal orders, and the constraint masks
 are rebuilt here with the same `OrderConstraint` the sampler used, so the trainer's distribution is
 the sampled one (masked, then tempered). A record whose completion the constraint rejects was not
-produced by our sampler and is refused with a clear error rather than trained on.
+produced by our sampler and is refused with a clear error rather than trained on; the error is a
+`BadRecord` carrying a short reason code, so the learner can quarantine that one record and train the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +19,23 @@ import torch
 from diprl.game.legal import PowerOrders
 from diprl.policy.constraint import ConstraintViolation, OrderConstraint
 from diprl.policy.vocab import TokenTable
+
+MIN_TEMPERATURE = 1e-5
+"""vLLM treats a temperature below this as greedy decoding (`vllm.sampling_params._SAMPLING_EPS`)."""
+
+
+class BadRecord(ValueError):
+    """A training record the learner must not train on; `reason` is a short code for counting and quarantine.
+
+    Reasons: `malformed` (missing or mistyped fields, empty ids), `too_long` (over the model's
+    `max_model_len`), `bad_temperature`, `length_mismatch` (not one logprob and advantage per token),
+    `nonfinite` (NaN/inf behaviour logprob or advantage), `constraint` (a completion the rebuilt
+    constraint rejects: not one our sampler produced).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -55,7 +73,7 @@ def prepare_record(
     need_rl_fields: bool = True,
     max_len: int | None = None,
 ) -> PreparedRecord:
-    """Validate one `TrainingRecord` dict and rebuild its masks; `ValueError` names the record and the problem.
+    """Validate one `TrainingRecord` dict and rebuild its masks; `BadRecord` names the record and the problem.
 
     `need_rl_fields` False (behaviour cloning) lets `behaviour_logprobs` and `advantages` be absent.
     """
@@ -64,32 +82,49 @@ def prepare_record(
         prompt = [int(t) for t in record["prompt_ids"]]
         completion = [int(t) for t in record["completion_ids"]]
         legal = PowerOrders.from_dict(record["legal"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{where}: malformed training record ({type(err).__name__}: {err})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise BadRecord("malformed", f"{where}: malformed training record ({type(err).__name__}: {err})") from None
     if not prompt or not completion:
-        raise ValueError(f"{where}: empty prompt or completion")
+        raise BadRecord("malformed", f"{where}: empty prompt or completion")
+    if min(prompt) < 0 or max(prompt) >= table.vocab_size:
+        raise BadRecord("malformed", f"{where}: a prompt token id is outside the vocabulary [0, {table.vocab_size})")
     if max_len is not None and len(prompt) + len(completion) > max_len:
-        raise ValueError(f"{where}: {len(prompt) + len(completion)} tokens exceed the model's max_model_len {max_len}")
-    temperature = float(record.get("temperature", 1.0))
-    if not temperature > 0:
-        raise ValueError(f"{where}: temperature must be positive, got {temperature}")
+        raise BadRecord(
+            "too_long", f"{where}: {len(prompt) + len(completion)} tokens exceed the model's max_model_len {max_len}"
+        )
+    try:
+        temperature = float(record.get("temperature", 1.0))
+    except (TypeError, ValueError):
+        raise BadRecord(
+            "bad_temperature", f"{where}: temperature {record.get('temperature')!r} is not a number"
+        ) from None
+    if not (MIN_TEMPERATURE <= temperature < float("inf")):
+        raise BadRecord(
+            "bad_temperature",
+            f"{where}: temperature must be finite and >= {MIN_TEMPERATURE:g} (below it vLLM samples greedily, "
+            f"which is no tempered distribution to train on), got {temperature}",
+        )
     n = len(completion)
     if need_rl_fields:
-        behaviour = [float(x) for x in record.get("behaviour_logprobs") or []]
-        advantages = [float(x) for x in record.get("advantages") or []]
+        try:
+            behaviour = [float(x) for x in record.get("behaviour_logprobs") or []]
+            advantages = [float(x) for x in record.get("advantages") or []]
+        except (TypeError, ValueError) as err:
+            raise BadRecord("malformed", f"{where}: behaviour logprobs or advantages are not numbers ({err})") from None
         if len(behaviour) != n or len(advantages) != n:
-            raise ValueError(
+            raise BadRecord(
+                "length_mismatch",
                 f"{where}: {n} completion tokens but {len(behaviour)} behaviour logprobs and "
-                f"{len(advantages)} advantages (one of each per token)"
+                f"{len(advantages)} advantages (one of each per token)",
             )
         if not all(np.isfinite(behaviour)) or not all(np.isfinite(advantages)):
-            raise ValueError(f"{where}: non-finite behaviour logprob or advantage")
+            raise BadRecord("nonfinite", f"{where}: non-finite behaviour logprob or advantage")
     else:
         behaviour, advantages = [0.0] * n, [0.0] * n
     try:
         allowed = OrderConstraint(legal, table).masks_for(completion)
     except ConstraintViolation as err:
-        raise ValueError(f"{where}: completion is not one the constraint allows: {err}") from None
+        raise BadRecord("constraint", f"{where}: completion is not one the constraint allows: {err}") from None
     return PreparedRecord(prompt, completion, allowed, temperature, behaviour, advantages, record.get("policy_version"))
 
 

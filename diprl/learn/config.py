@@ -45,6 +45,10 @@ class LearnerConfig:
     publish_every: int = 1  # optimiser steps between published versions
     checkpoint_every: int = 10  # optimiser steps between checkpoints (0: only on request)
     keep_checkpoints: int = 3
+    # Adapter versions of this policy kept in the store beyond those the league holds and those still
+    # trainable (max_policy_lag): older ones are deleted after each publish (a 14B LoRA version is
+    # 0.13-0.26 GB and one is published every step). 0 keeps every version.
+    keep_versions: int = 8
     zero_stage: int = 2
     bf16: bool = False  # GPU path; the tiny CPU model is float32 so its logprobs match vLLM's to ~1e-6
     gradient_checkpointing: bool = False
@@ -79,6 +83,7 @@ class LearnerConfig:
         need(self.publish_every >= 1, f"publish_every must be >= 1, got {self.publish_every}")
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        need(self.keep_versions >= 0, f"keep_versions must be >= 0 (0 keeps every version), got {self.keep_versions}")
         need(
             self.zero_stage in (0, 1, 2), f"zero_stage must be 0, 1 or 2 (LoRA needs no ZeRO-3), got {self.zero_stage}"
         )

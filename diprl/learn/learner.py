@@ -5,16 +5,28 @@ One `train_step(groups)` is one optimiser step:
 1. **Staleness.** Each group's `policy_version` must be a version of this policy no more than
    `max_policy_lag` versions behind the current one; older groups (and groups of other policies)
    are dropped and counted, never trained on.
-2. **Masks.** Every record's constraint masks are rebuilt from its legal orders (`batching`).
+2. **Screening.** Every record is validated and its constraint masks rebuilt from its legal orders
+   (`batching`). A bad record (non-finite logprob or advantage, a completion the constraint rejects,
+   longer than `max_model_len`, malformed) is quarantined: appended with its reason and origin (group
+   id, policy version, index) to `run_dir/learner/<policy>/quarantine.jsonl`, counted, and left out;
+   the rest train.
 3. **Recompute** (no gradient). Where the current weights are not those of the version that
    sampled a record, the trainer's logprobs under that version's weights (`logp_old`, from an
    in-memory snapshot or the AdapterStore) so the PPO ratio sees policy change and the truncated
    importance weight sees only engine drift (see `diprl.learn.loss`); with `kl_coef` > 0, the
    logprobs under the EMA of the LoRA weights (the KL reference).
 4. **Forward/backward** over micro-batches packed by a token budget, gradients accumulated, the loss
-   normalised by the step's total completion tokens.
+   normalised by the step's total completion tokens. A micro-batch whose loss is not finite is
+   taken apart per record: records whose own loss is not finite are quarantined and the micro-batch
+   trains without their tokens (they weigh zero in the step's token mean). When no record can be
+   blamed (every record's logprobs are non-finite: the weights, not the data), the non-finite loss is
+   back-propagated, DeepSpeed's overflow check skips the update and clears the gradients, and the
+   step is reported as `nonfinite_gradients` without a change to the weights.
 5. **Optimiser** step (grad-norm clipping by DeepSpeed), EMA update, then publishing and
-   checkpointing at their cadences.
+   checkpointing at their cadences. A failed publish or checkpoint (a full disk, `ENOSPC`) is a fault
+   in the step's metrics, not an exception: the step's weights stay in memory, the store and the
+   checkpoint directory hold no partial version, and the publish (or checkpoint) is retried after
+   the next step.
 
 Weights swapped in for a no-gradient pass are copied back exactly; ZeRO's fp32 master copies are
 never touched, so swaps cannot leak into training.
@@ -26,9 +38,9 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +48,7 @@ import numpy as np
 import torch
 
 from diprl.inference.adapters import AdapterError, AdapterStore, InvalidAdapterName, parse_policy_ref
-from diprl.learn.batching import MicroBatch, PreparedRecord, micro_batches, prepare_record
+from diprl.learn.batching import BadRecord, MicroBatch, PreparedRecord, micro_batches, prepare_record
 from diprl.learn.checkpoint import Checkpoint, CheckpointDir, Restored
 from diprl.learn.config import LearnerConfig
 from diprl.learn.loss import LossStats, grpo_loss, nll_loss
@@ -62,6 +74,26 @@ OBJECTIVES = ("grpo", "bc")
 ENGINE_STATE = "engine"  # trainable and master weights, optimizer moments, engine counters
 LEARNER_STATE = "learner"  # step, versions, counters, EMA reference, RNG states
 CHECKPOINT_FILES = tuple(p.name for name in (ENGINE_STATE, LEARNER_STATE) for p in state_paths(Path(), name))
+QUARANTINE_FILE = "quarantine.jsonl"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a record came from, enough to find it again: its group, the version that sampled it, its index."""
+
+    group_id: str | None
+    policy_version: str | None
+    index: int
+
+
+@dataclass
+class Screened:
+    """A step's records after screening: what trains, and what was quarantined (reason, message, origin)."""
+
+    prepared: list[PreparedRecord]
+    records: list[dict[str, Any]]
+    origins: list[Origin]
+    quarantined: list[dict[str, Any]]
 
 
 class Learner:
@@ -99,6 +131,9 @@ class Learner:
             self.run_dir / "checkpoints" / config.policy, keep=config.keep_checkpoints, required=CHECKPOINT_FILES
         )
         self.metrics_path = self.run_dir / "learner" / config.policy / "metrics.jsonl"
+        self.quarantine_path = self.metrics_path.with_name(QUARANTINE_FILE)
+        self._publish_due = False  # a publish failed (full disk, ...): retry after the next step
+        self._checkpoint_due = False
 
         self.step = 0
         self.version: str | None = None  # latest published "<policy>@v<N>"
@@ -113,6 +148,10 @@ class Learner:
             "old_weights_missing": 0,
             "resets": 0,
             "nonfinite_steps": 0,
+            "quarantined": 0,
+            "publish_failures": 0,
+            "checkpoint_failures": 0,
+            "versions_pruned": 0,
         }
         self._snapshots: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.restored: Restored = self.checkpoints.newest_good()
@@ -211,6 +250,7 @@ class Learner:
         """
         start = time.perf_counter()
         records: list[dict[str, Any]] = []
+        origins: list[Origin] = []
         lags: list[int] = []
         stale = foreign = 0
         for group in groups:
@@ -222,10 +262,12 @@ class Learner:
                 stale += 1
                 continue
             lags.append(lag)
-            for record in group.get("records", []):
-                records.append(
-                    record if record.get("policy_version") else {**record, "policy_version": group["policy_version"]}
-                )
+            group_records = group.get("records") or []
+            for index, record in enumerate(group_records if isinstance(group_records, list) else []):
+                if isinstance(record, dict) and not record.get("policy_version"):
+                    record = {**record, "policy_version": group["policy_version"]}
+                records.append(record)
+                origins.append(Origin(_text(group.get("group_id")), str(group["policy_version"]), index))
         self.counters["dropped_stale"] += stale
         self.counters["dropped_foreign"] += foreign
         if stale or foreign:
@@ -245,7 +287,24 @@ class Learner:
         }
         if not records:
             return self._no_step(extra, start)
-        metrics = self._step(records, "grpo", extra, start)
+        try:
+            metrics = self._step(records, "grpo", extra, start, origins)
+        except Exception as err:
+            # Not a bad record (those are quarantined inside the step): keep the batch, then let the
+            # caller record the fault and go on.
+            self._quarantine(
+                [
+                    {
+                        "reason": "learner_error",
+                        "error": f"{type(err).__name__}: {err}"[:1000],
+                        "group_id": _text(g.get("group_id")),
+                        "policy_version": _text(g.get("policy_version")),
+                        "group": g,
+                    }
+                    for g in groups
+                ]
+            )
+            raise
         self.counters["groups_trained"] += len(lags)
         return metrics
 
@@ -263,6 +322,36 @@ class Learner:
                 raise ValueError("train_records needs at least one record")
             return self._step(list(records), "bc", {}, start)
         return self.train_step([{"policy_version": r.get("policy_version"), "records": [r]} for r in records])
+
+    def prune_versions(self, keep: Iterable[str] = ()) -> list[str]:
+        """Remove this policy's old versions from the AdapterStore; returns the names removed.
+
+        Kept: every name in `keep` (what the league holds: pool members, current versions, refs of
+        matches in flight), the versions still trainable (`max_policy_lag` behind the latest) and the
+        newest `keep_versions`. `keep_versions` 0 keeps everything. A failure to delete is logged:
+        a version left behind costs disk, never a step.
+        """
+        cfg = self.config
+        if cfg.keep_versions == 0:
+            return []
+        protected = {*keep, *self._snapshots}
+        if self.version is not None:
+            protected.add(self.version)
+        try:
+            removed = self.store.prune(
+                cfg.policy, keep=protected, keep_last=max(cfg.keep_versions, cfg.max_policy_lag + 1)
+            )
+        except OSError as err:
+            logger.warning("%s: pruning old adapter versions failed (%s)", cfg.policy, err)
+            return []
+        for ref in removed:
+            self._snapshots.pop(ref.name, None)
+        self.counters["versions_pruned"] += len(removed)
+        if removed:
+            logger.info(
+                "%s: pruned %d old versions (%s .. %s)", cfg.policy, len(removed), removed[0].name, removed[-1].name
+            )
+        return [ref.name for ref in removed]
 
     def save_checkpoint(self) -> Path:
         """Write `step-<N>` atomically (adapter, optimiser, EMA, RNG states, step, version, counters).
@@ -314,6 +403,41 @@ class Learner:
             prepare_record(r, self.table, i, need_rl_fields=rl, max_len=self.preset.max_model_len)
             for i, r in enumerate(records)
         ]
+
+    def _screen(self, records: Sequence[dict[str, Any]], origins: Sequence[Origin], rl: bool) -> Screened:
+        """Validate every record; the bad ones go to quarantine (not trained), the rest are prepared."""
+        out = Screened([], [], [], [])
+        for i, (record, origin) in enumerate(zip(records, origins, strict=True)):
+            try:
+                if not isinstance(record, dict):
+                    raise BadRecord("malformed", f"record {i}: a {type(record).__name__}, not a TrainingRecord dict")
+                prepared = prepare_record(record, self.table, i, need_rl_fields=rl, max_len=self.preset.max_model_len)
+            except BadRecord as err:
+                out.quarantined.append(_quarantine_entry(err.reason, str(err), origin, record))
+                continue
+            out.prepared.append(prepared)
+            out.records.append(record)
+            out.origins.append(origin)
+        return out
+
+    def _quarantine(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Append quarantined records to `quarantine.jsonl` (nothing is lost: the whole record is kept).
+
+        A failing write (a full disk) is logged, not raised: the step's metrics still name every entry.
+        """
+        if not entries:
+            return
+        step = self.step + 1
+        lines = "".join(
+            json.dumps({"time": time.time(), "policy": self.config.policy, "step": step, **e}, default=str) + "\n"
+            for e in entries
+        )
+        try:
+            self.quarantine_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.quarantine_path.open("a") as fh:
+                fh.write(lines)
+        except OSError as err:
+            logger.error("%s: could not write %d quarantined records (%s)", self.config.policy, len(entries), err)
 
     def _batches(self, prepared: Sequence[PreparedRecord], min_batches: int = 1) -> list[tuple[list[int], MicroBatch]]:
         return [
@@ -395,68 +519,91 @@ class Learner:
                         prepared[j].logp_ref = logp[s:e].tolist()
 
     def _step(
-        self, records: list[dict[str, Any]], objective: str, extra: dict[str, Any], start: float
+        self,
+        records: list[dict[str, Any]],
+        objective: str,
+        extra: dict[str, Any],
+        start: float,
+        origins: Sequence[Origin] | None = None,
     ) -> dict[str, Any]:
         cfg = self.config
         rl = objective == "grpo"
         t0 = time.perf_counter()
-        prepared = self._prepare(records, rl)
+        if origins is None:
+            origins = [
+                Origin(None, _text(r.get("policy_version")) if isinstance(r, dict) else None, i)
+                for i, r in enumerate(records)
+            ]
+        screened = self._screen(records, origins, rl)
+        self._record_quarantine(screened.quarantined)  # written before the step: kept whatever happens next
+        quarantined = list(screened.quarantined)
+        prepared = screened.prepared
+        if not prepared:
+            return self._no_step({**extra, **_quarantine_metrics(quarantined)}, start)
         self._recompute(prepared, rl)
         t1 = time.perf_counter()
         total_tokens = sum(len(r.completion_ids) for r in prepared)
         batches = self._batches(prepared, cfg.grad_accum)
         stats = LossStats()
         loss_total = 0.0
+        excluded: set[int] = set()
+        blamed_entries: list[dict[str, Any]] = []
         self.engine.train()
-        for i, (_, mb) in enumerate(batches):
+        for i, (idx, mb) in enumerate(batches):
             self.engine.set_gradient_accumulation_boundary(i == len(batches) - 1)
             logp, entropy = self._logprobs(mb, with_entropy=rl, grad=True)
-            if rl:
-                logp_old = torch.where(torch.isnan(mb.logp_old), logp.detach(), mb.logp_old)
-                has_ref = cfg.kl_coef > 0
-                loss, part = grpo_loss(
-                    logp,
-                    logp_old,
-                    mb.behaviour,
-                    mb.advantages,
-                    total_tokens=total_tokens,
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    tis_cap=cfg.tis_cap,
-                    entropy=entropy,
-                    entropy_coef=cfg.entropy_coef,
-                    logp_ref=mb.logp_ref if has_ref else None,
-                    kl_coef=cfg.kl_coef,
-                )
-            else:
-                loss, part = nll_loss(logp, total_tokens=total_tokens)
+            loss, part = self._micro_loss(mb, logp, entropy, rl, total_tokens)
             if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"{cfg.policy} step {self.step + 1}: non-finite loss in micro-batch {i} ({part.summary()})"
-                )
+                blamed = self._blame(mb, logp, entropy, rl, total_tokens)
+                if blamed:
+                    for j in blamed:
+                        excluded.add(idx[j])
+                        blamed_entries.append(
+                            _quarantine_entry(
+                                "nonfinite_loss",
+                                f"{cfg.policy} step {self.step + 1}: the record's own loss is not finite "
+                                f"({loss.item()} for its micro-batch)",
+                                screened.origins[idx[j]],
+                                screened.records[idx[j]],
+                            )
+                        )
+                    keep = [t for j, (s, e) in enumerate(mb.record_slices) if j not in blamed for t in range(s, e)]
+                    tokens = torch.tensor(keep, dtype=torch.long, device=logp.device)
+                    loss, part = self._micro_loss(mb, logp, entropy, rl, total_tokens, tokens)
+                else:
+                    logger.error(
+                        "%s step %d: non-finite loss in micro-batch %d that no record explains (%s)",
+                        cfg.policy,
+                        self.step + 1,
+                        i,
+                        part.summary(),
+                    )
             self.engine.backward(loss)
             loss_total += float(loss.detach())
             stats.merge(part)
         t2 = time.perf_counter()
         self.engine.step()
         grad_norm = self.engine.get_global_grad_norm()
+        self._record_quarantine(blamed_entries)
+        quarantined += blamed_entries
         if not self.engine.was_step_applied():
-            # DeepSpeed skips the update on non-finite gradients; say so loudly and take no step.
+            # DeepSpeed skips the update on non-finite gradients (and clears them): no step is taken.
             self.counters["nonfinite_steps"] += 1
             logger.error("%s: non-finite gradients, optimiser step skipped (%s)", cfg.policy, stats.summary())
-            return self._no_step({**extra, "nonfinite_gradients": 1}, start)
+            return self._no_step({**extra, **_quarantine_metrics(quarantined), "nonfinite_gradients": 1}, start)
         self.step += 1
         self.weights_version = None
         self._update_ema()
         t3 = time.perf_counter()
-        published = self.publish() if self.step % cfg.publish_every == 0 else None
+        faults: list[dict[str, Any]] = []
+        published = self._publish_in_step(faults)
         t4 = time.perf_counter()
-        checkpoint = None
-        if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-            checkpoint = str(self.save_checkpoint())
+        checkpoint = self._checkpoint_in_step(faults)
         t5 = time.perf_counter()
-        self.counters["records_trained"] += len(prepared)
-        self.counters["tokens_trained"] += total_tokens
+        trained = [r for k, r in enumerate(prepared) if k not in excluded]
+        trained_tokens = sum(len(r.completion_ids) for r in trained)
+        self.counters["records_trained"] += len(trained)
+        self.counters["tokens_trained"] += trained_tokens
         metrics: dict[str, Any] = {
             "step": self.step,
             "objective": objective,
@@ -468,8 +615,8 @@ class Learner:
             **stats.summary(),
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "lr": cfg.lr,
-            "records": len(prepared),
-            "tokens": total_tokens,
+            "records": len(trained),
+            "tokens": trained_tokens,
             "padded_tokens": sum(mb.padded_tokens for _, mb in batches),
             "micro_batches": len(batches),
             "time_recompute_s": t1 - t0,
@@ -478,11 +625,115 @@ class Learner:
             "time_publish_s": t4 - t3,
             "time_checkpoint_s": t5 - t4,
             "time_step_s": t5 - start,
+            **_quarantine_metrics(quarantined),
+            "faults": faults,
             **extra,
         }
-        metrics["tokens_per_s"] = total_tokens / max(metrics["time_step_s"], 1e-9)
+        metrics["tokens_per_s"] = trained_tokens / max(metrics["time_step_s"], 1e-9)
         self._log(metrics)
         return metrics
+
+    def _micro_loss(
+        self,
+        mb: MicroBatch,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        rl: bool,
+        total_tokens: int,
+        tokens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, LossStats]:
+        """The micro-batch's share of the step loss, over all its tokens or only the positions `tokens`."""
+        cfg = self.config
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t if tokens is None else t.index_select(0, tokens)
+
+        if not rl:
+            return nll_loss(pick(logp), total_tokens=total_tokens)
+        lp = pick(logp)
+        old = pick(mb.logp_old)
+        has_ref = cfg.kl_coef > 0
+        return grpo_loss(
+            lp,
+            torch.where(torch.isnan(old), lp.detach(), old),
+            pick(mb.behaviour),
+            pick(mb.advantages),
+            total_tokens=total_tokens,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            tis_cap=cfg.tis_cap,
+            entropy=pick(entropy) if entropy is not None else None,
+            entropy_coef=cfg.entropy_coef,
+            logp_ref=pick(mb.logp_ref) if has_ref else None,
+            kl_coef=cfg.kl_coef,
+        )
+
+    @torch.no_grad()
+    def _blame(
+        self, mb: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor | None, rl: bool, total_tokens: int
+    ) -> set[int]:
+        """Positions (in `mb.record_slices`) of the records whose own loss is not finite.
+
+        Every term of the loss is a sum over tokens, so a non-finite micro-batch loss has at least one
+        such record. Empty when every record's logprobs are themselves non-finite: then the weights
+        (or the engine) are at fault, not the data, and quarantining the batch would lose good records.
+        """
+        logp = logp.detach()
+        entropy = entropy.detach() if entropy is not None else None
+        bad: set[int] = set()
+        for j, (s, e) in enumerate(mb.record_slices):
+            tokens = torch.arange(s, e, device=logp.device)
+            loss, _ = self._micro_loss(mb, logp, entropy, rl, total_tokens, tokens)
+            if not torch.isfinite(loss):
+                bad.add(j)
+        if bad and all(not torch.isfinite(logp[s:e]).all() for s, e in mb.record_slices):
+            return set()
+        return bad
+
+    def _record_quarantine(self, quarantined: list[dict[str, Any]]) -> None:
+        if not quarantined:
+            return
+        self.counters["quarantined"] += len(quarantined)
+        for entry in quarantined:
+            logger.warning("%s: quarantined a record (%s): %s", self.config.policy, entry["reason"], entry["error"])
+        self._quarantine(quarantined)
+
+    def _publish_in_step(self, faults: list[dict[str, Any]]) -> str | None:
+        """Publish at the cadence, or now if the last try failed; a storage failure becomes a fault."""
+        if not (self._publish_due or self.step % self.config.publish_every == 0):
+            return None
+        try:
+            name = self.publish()
+        except (OSError, AdapterError) as err:
+            self._publish_due = True
+            self.counters["publish_failures"] += 1
+            logger.error(
+                "%s step %d: publish failed, retried after the next step (%s)", self.config.policy, self.step, err
+            )
+            faults.append({"fault": "publish_failed", "step": self.step, "error": f"{type(err).__name__}: {err}"[:500]})
+            return None
+        self._publish_due = False
+        return name
+
+    def _checkpoint_in_step(self, faults: list[dict[str, Any]]) -> str | None:
+        """Checkpoint at the cadence, or now if the last try failed; a storage failure becomes a fault."""
+        every = self.config.checkpoint_every
+        if not (self._checkpoint_due or (every and self.step % every == 0)):
+            return None
+        try:
+            path = str(self.save_checkpoint())
+        except OSError as err:
+            self._checkpoint_due = True
+            self.counters["checkpoint_failures"] += 1
+            logger.error(
+                "%s step %d: checkpoint failed, retried after the next step (%s)", self.config.policy, self.step, err
+            )
+            faults.append(
+                {"fault": "checkpoint_failed", "step": self.step, "error": f"{type(err).__name__}: {err}"[:500]}
+            )
+            return None
+        self._checkpoint_due = False
+        return path
 
     def _no_step(self, extra: dict[str, Any], start: float) -> dict[str, Any]:
         metrics = {
@@ -505,9 +756,16 @@ class Learner:
             self.ema[name].mul_(decay).add_(value, alpha=1.0 - decay)
 
     def _log(self, metrics: dict[str, Any]) -> None:
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps({"time": time.time(), "policy": self.config.policy, **metrics}) + "\n")
+        """Append to the learner's own metrics file; a failing write (full disk) is logged, never raised.
+
+        The metrics also return to the driver, whose `metrics.jsonl` is the run's record.
+        """
+        try:
+            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.metrics_path.open("a") as fh:
+                fh.write(json.dumps({"time": time.time(), "policy": self.config.policy, **metrics}) + "\n")
+        except OSError as err:
+            logger.error("%s: could not append to %s (%s)", self.config.policy, self.metrics_path, err)
 
     # ------------------------------------------------------------------ checkpoint state
     def _state_dict(self) -> dict[str, Any]:
@@ -569,6 +827,23 @@ class Learner:
             lost,
             self.version,
         )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _quarantine_entry(reason: str, error: str, origin: Origin, record: Any) -> dict[str, Any]:
+    """One quarantine line: why, where the record came from, and the record itself (so nothing is lost)."""
+    return {"reason": reason, "error": error[:1000], **asdict(origin), "record": record}
+
+
+def _quarantine_metrics(quarantined: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`quarantined` (count) and `quarantined_records` (reason and origin of each, without the record)."""
+    return {
+        "quarantined": len(quarantined),
+        "quarantined_records": [{k: v for k, v in e.items() if k != "record"} for e in quarantined],
+    }
 
 
 def learner_actor(

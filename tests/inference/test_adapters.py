@@ -737,3 +737,62 @@ def test_a_server_refuses_an_adapter_of_another_base_model_or_shape(tmp_path: Pa
     with pytest.raises(IncompatibleAdapter, match="trained on base model 'Qwen/Qwen3-8B'"):
         check_compatible(version, max_rank=8, base_model=base)
     check_compatible(store.resolve(store.publish("ok", loras["a"]).name), max_rank=8, base_model=base)
+
+
+# ---- non-finite weights and retention ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_publish_refuses_non_finite_weights_and_writes_nothing(
+    tmp_path: Path, loras: dict[str, Path], dtype: torch.dtype, value: float
+) -> None:
+    """Found: a diverged adapter (NaN in one LoRA weight) was published and served."""
+
+    def poison(t: dict[str, torch.Tensor]) -> None:
+        for k in t:
+            t[k] = t[k].to(dtype)
+        weight = t[_first_key(t, "lora_B")]
+        extremes = torch.finfo(dtype)
+        weight[0, :3] = torch.tensor([extremes.max, -extremes.max, extremes.smallest_normal / 4])  # finite: allowed
+        weight[3, 1] = value
+
+    store = AdapterStore(tmp_path / "store")
+    store.publish("p", loras["a"])
+    bad = _rewrite_weights(loras["a"], tmp_path / "bad", poison)
+    with pytest.raises(CorruptAdapter, match=r"q_proj.lora_B.weight.* 1 non-finite values"):
+        store.publish("p", bad)
+    assert [r.name for r in store.versions("p")] == ["p@v1"]
+    assert sorted(p.name for p in (tmp_path / "store" / "p").iterdir()) == ["v1"]  # no temp left behind
+    assert json.loads((tmp_path / "store" / "index.json").read_text())["policies"] == {"p": [1]}
+    store.publish("p", loras["b"])  # the next good one takes the next number
+    assert store.latest("p") == AdapterRef("p", 2)
+
+
+def test_prune_keeps_named_versions_and_the_newest_and_removes_the_rest(tmp_path: Path, loras: dict[str, Path]) -> None:
+    store = AdapterStore(tmp_path / "store")
+    for _ in range(6):
+        store.publish("p", loras["a"])
+    store.publish("q", loras["b"])
+    reader = (tmp_path / "store" / "p" / "v1" / WEIGHTS_FILE).open("rb")  # a reader mid-copy of v1
+
+    removed = store.prune("p", keep={"p@v2", "q@v1", "bot:random", "base", "p@v99", "not a ref"}, keep_last=2)
+
+    assert [r.name for r in removed] == ["p@v1", "p@v3", "p@v4"]
+    assert [r.name for r in store.versions("p")] == ["p@v2", "p@v5", "p@v6"]
+    assert [r.name for r in store.versions("q")] == ["q@v1"]
+    assert sorted(p.name for p in (tmp_path / "store" / "p").iterdir()) == ["v2", "v5", "v6"]
+    assert json.loads((tmp_path / "store" / "index.json").read_text())["policies"] == {"p": [2, 5, 6], "q": [1]}
+    with pytest.raises(UnknownAdapter, match="versions of 'p': p@v2, p@v5, p@v6"):
+        store.resolve("p@v3")
+    assert reader.read() == (loras["a"] / WEIGHTS_FILE).read_bytes()  # an open file survives its removal
+    reader.close()
+    store.resolve("p@v2")
+    assert store.publish("p", loras["b"]) == AdapterRef("p", 7)  # numbers are never reused
+    assert store.prune("p", keep_last=3) == [AdapterRef("p", 2)]
+    for bad_keep_last in (0, -1, True):
+        with pytest.raises(ValueError, match="keep_last"):
+            store.prune("p", keep_last=bad_keep_last)
+    with pytest.raises(InvalidAdapterName):
+        store.prune("../p")
+    assert [r.name for r in store.versions("p")] == ["p@v5", "p@v6", "p@v7"]

@@ -268,3 +268,18 @@ def test_a_reset_the_learner_never_made_is_pending_after_a_restart(tmp_path: Pat
     assert LeagueManager(config, tmp_path).pending_reset("main_exploiter")  # the driver died before reset()
     manager.register_version("main_exploiter", "main_exploiter@v3", 2)  # the reset's version arrived
     assert not LeagueManager(config, tmp_path).pending_reset("main_exploiter")
+
+
+def test_refs_in_use_are_what_the_adapter_store_must_keep(tmp_path: Path) -> None:
+    manager = league(tmp_path, anchors=["bot:dumbbot"], main=ONLY_ANCHORS, snapshot_steps=100)
+    in_flight = manager.next_match("main")  # handed out while main@v1 is current, not yet reported
+    manager.register_version("main", "main@v2", 1)
+    manager.register_version("main", "main@v3", 2)
+    assert manager.refs_in_use() == ["bot:dumbbot", "main@v1", "main@v3"]  # v2: nothing holds it
+    manager.report(hero_wins(in_flight))
+    assert manager.refs_in_use() == ["bot:dumbbot", "main@v3"]
+    for _ in range(3):
+        manager.report(hero_wins(manager.next_match("main")))
+    assert manager.register_version("main", "main@v4", 200)["snapshot"] is True
+    manager.register_version("main", "main@v5", 201)
+    assert manager.refs_in_use() == ["bot:dumbbot", "main@v4", "main@v5"]  # v4 stays: a pool snapshot

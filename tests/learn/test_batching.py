@@ -47,6 +47,34 @@ def _record(table: TokenTable, power: str = "FRANCE", seed: int = 0) -> dict[str
     }
 
 
+def test_every_bad_record_is_a_bad_record_error_with_its_reason(table: TokenTable) -> None:
+    """Found: a tiny temperature (1e-40) and out-of-vocabulary prompt ids passed validation and broke the step."""
+    from diprl.learn.batching import BadRecord
+
+    record = _record(table)
+    n = len(record["completion_ids"])
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({**record, "behaviour_logprobs": [float("-inf")] * n}, "nonfinite"),
+        ({**record, "advantages": [float("nan")] * n}, "nonfinite"),
+        ({**record, "advantages": [1.0]}, "length_mismatch"),
+        ({**record, "completion_ids": [9707, *record["completion_ids"][1:]]}, "constraint"),
+        ({**record, "prompt_ids": [1, 2, table.vocab_size]}, "malformed"),
+        ({**record, "prompt_ids": [-1, 2]}, "malformed"),
+        ({**record, "legal": None}, "malformed"),
+        ({**record, "advantages": ["x"] * n}, "malformed"),
+        ({**record, "temperature": float("nan")}, "bad_temperature"),
+        ({**record, "temperature": 1e-40}, "bad_temperature"),
+        ({**record, "temperature": "hot"}, "bad_temperature"),
+    ]
+    for bad, reason in cases:
+        with pytest.raises(BadRecord) as caught:
+            prepare_record(bad, table, 7)
+        assert caught.value.reason == reason and "record 7" in str(caught.value)
+    with pytest.raises(BadRecord) as caught:
+        prepare_record(record, table, max_len=4)
+    assert caught.value.reason == "too_long"
+
+
 def test_pack_by_tokens_respects_the_budget_and_keeps_long_ones_alone() -> None:
     # padded cost = count x longest; budget 100
     assert pack_by_tokens([30, 30, 30, 30], 100) == [[0, 1, 2], [3]]

@@ -6,6 +6,7 @@ Tests share one learner where they build on each other (in file order) to keep s
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import math
 import shutil
@@ -22,7 +23,14 @@ from diprl.learn.batching import collate
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.loss import grpo_loss
-from diprl.learn.model import CompletionHidden, build_peft_model, completion_logprobs, lora_state, read_adapter_dir
+from diprl.learn.model import (
+    CompletionHidden,
+    build_peft_model,
+    completion_logprobs,
+    load_lora_state_,
+    lora_state,
+    read_adapter_dir,
+)
 from diprl.learn.train_state import engine_state, rng_state
 from diprl.policy.models import load_preset
 from diprl.policy.tokenizer import load_tokenizer
@@ -281,3 +289,163 @@ def test_default_yaml_matches_the_dataclass() -> None:
 
     assert load_learner_config("default") == LearnerConfig()
     assert load_preset("tiny").lora.rank == 8
+
+
+# ---- bad records, bad steps, full disks: the step goes on -------------------------------------------
+
+
+def _nan_logprob(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    return {**record, "behaviour_logprobs": [float("nan"), *record["behaviour_logprobs"][1:]]}
+
+
+def _rejected_by_constraint(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    hello = tokenizer.encode("Hello", add_special_tokens=False)[0]  # where "<orders>" must start
+    return {**record, "completion_ids": [hello, *record["completion_ids"][1:]]}
+
+
+def _too_long(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    prompt = record["prompt_ids"]
+    return {**record, "prompt_ids": prompt * (4096 // len(prompt) + 1)}  # the tiny model's max_model_len is 4096
+
+
+def _overflowing_advantage(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    # finite per token (it passes validation), but the token sum overflows float32: a non-finite loss
+    return {**record, "advantages": [3e38] * len(record["completion_ids"])}
+
+
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (_nan_logprob, "nonfinite"),
+        (_rejected_by_constraint, "constraint"),
+        (_too_long, "too_long"),
+        (_overflowing_advantage, "nonfinite_loss"),
+    ],
+)
+def test_one_bad_record_is_quarantined_and_the_rest_of_the_step_trains(
+    shared: Learner, tokenizer: Any, spoil: Any, reason: str
+) -> None:
+    """Found: any one of these raised out of train_step (and so ended the training run)."""
+    version = shared.latest_version()
+    group = on_policy(shared, make_group(shared.table, tokenizer, version, [1.0, -1.0, 0.5, -0.5], seed=30))
+    original = group["records"][2]
+    group["records"][2] = spoil(original, tokenizer)
+    step, before = shared.step, shared.counters["quarantined"]
+    quarantine = shared.run_dir / "learner" / "main" / "quarantine.jsonl"
+    lines_before = _lines(quarantine)
+
+    metrics = shared.train_step([group])
+
+    assert metrics["trained"] == 1 and shared.step == step + 1 and metrics["published"] is not None
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+    assert metrics["records"] == 3 and metrics["quarantined"] == 1
+    [entry] = metrics["quarantined_records"]
+    assert entry["reason"] == reason and entry["index"] == 2
+    assert entry["group_id"] == group["group_id"] and entry["policy_version"] == version
+    assert shared.counters["quarantined"] == before + 1
+    [saved] = _lines(quarantine)[len(lines_before) :]
+    assert saved["reason"] == reason and saved["index"] == 2 and saved["group_id"] == group["group_id"]
+    assert saved["record"]["completion_ids"] == group["records"][2]["completion_ids"]  # the record itself is kept
+    assert all(torch.isfinite(t).all() for t in lora_state(shared.peft).values())
+
+
+def test_a_step_of_only_bad_records_takes_no_step(shared: Learner, tokenizer: Any) -> None:
+    group = make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1.0], seed=31)
+    group["records"] = [_nan_logprob(r, tokenizer) for r in group["records"]]
+    step = shared.step
+    metrics = shared.train_step([group])
+    assert metrics["trained"] == 0 and shared.step == step and metrics["quarantined"] == 2
+
+
+def test_non_finite_weights_skip_the_step_without_quarantining_good_records(shared: Learner, tokenizer: Any) -> None:
+    """Found: a non-finite loss raised FloatingPointError out of train_step. No record is to blame here."""
+    group = on_policy(shared, make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1.0], seed=32))
+    good = lora_state(shared.peft)
+    broken = {k: v.clone() for k, v in good.items()}
+    key = next(k for k in sorted(broken) if "lora_A" in k)
+    broken[key][0, 0] = float("nan")
+    load_lora_state_(shared.peft, broken)
+    step, skipped = shared.step, shared.counters["nonfinite_steps"]
+    try:
+        metrics = shared.train_step([group])
+    finally:
+        load_lora_state_(shared.peft, good)
+    assert metrics["trained"] == 0 and metrics["nonfinite_gradients"] == 1 and metrics["quarantined"] == 0
+    assert shared.step == step and shared.counters["nonfinite_steps"] == skipped + 1
+    # DeepSpeed cleared the poisoned gradients: the next step is an ordinary one
+    metrics = shared.train_step([group])
+    assert metrics["trained"] == 1 and math.isfinite(metrics["grad_norm"])
+    assert all(torch.isfinite(t).all() for t in lora_state(shared.peft).values())
+
+
+def test_a_full_disk_at_publish_or_checkpoint_is_a_fault_and_retried_next_step(
+    shared: Learner, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found: OSError(ENOSPC) from publishing raised out of train_step after the optimiser had stepped."""
+    from diprl.inference.adapters import _fs
+
+    def full_disk(src: Path, dst: Path) -> tuple[int, str]:
+        dst.write_bytes(src.read_bytes()[:100])  # a partial file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    def no_checkpoint(*args: Any, **kwargs: Any) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    versions = [r.name for r in shared.store.versions("main")]
+    monkeypatch.setattr(_fs, "copy_hashing", full_disk)
+    monkeypatch.setattr(shared.checkpoints, "save", no_checkpoint)
+    monkeypatch.setattr(shared.config, "checkpoint_every", 1)
+    group = on_policy(shared, make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1.0], seed=33))
+    step = shared.step
+    metrics = shared.train_step([group])
+    assert metrics["trained"] == 1 and shared.step == step + 1
+    assert metrics["published"] is None and metrics["checkpoint"] is None
+    assert [f["fault"] for f in metrics["faults"]] == ["publish_failed", "checkpoint_failed"]
+    assert "No space left" in metrics["faults"][0]["error"]
+    # nothing half-published: the same versions, no temp directory left behind
+    assert [r.name for r in shared.store.versions("main")] == versions
+    assert not [p for p in (shared.store.root / "main").iterdir() if p.name.startswith(".")]
+    trained = lora_state(shared.peft)
+
+    assert all(torch.equal(trained[k], v) for k, v in shared._snapshots[versions[-1]].items()) is False
+
+    monkeypatch.undo()  # the disk has room again: the next step publishes and checkpoints (checkpoint_every is 0)
+    metrics = shared.train_step([on_policy(shared, {**group, "policy_version": shared.latest_version()})])
+    assert metrics["published"] == f"main@v{int(versions[-1].split('@v')[1]) + 1}" and metrics["faults"] == []
+    assert metrics["checkpoint"] is not None and shared.config.checkpoint_every == 0
+
+
+def test_an_unexpected_error_keeps_the_batch_in_quarantine_and_is_raised(
+    shared: Learner, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver records the raised error as a fault; the groups it was given are not lost."""
+    group = make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1.0], seed=35)
+
+    def bug(*args: Any) -> None:
+        raise RuntimeError("a bug, not a bad record")
+
+    monkeypatch.setattr(shared, "_recompute", bug)
+    quarantine = shared.run_dir / "learner" / "main" / "quarantine.jsonl"
+    before = len(_lines(quarantine))
+    with pytest.raises(RuntimeError, match="a bug"):
+        shared.train_step([group])
+    [saved] = _lines(quarantine)[before:]
+    assert saved["reason"] == "learner_error" and saved["group_id"] == group["group_id"]
+    assert saved["group"]["records"][1]["completion_ids"] == group["records"][1]["completion_ids"]
+
+
+def test_prune_versions_keeps_the_leagues_the_trainable_and_the_newest(shared: Learner) -> None:
+    keep_last = max(shared.config.keep_versions, shared.config.max_policy_lag + 1)
+    while len(shared.store.versions("main")) < keep_last + 4:
+        shared.publish()
+    names = [r.name for r in shared.store.versions("main")]
+    removed = shared.prune_versions(["main@v2", "bot:random", "base", "other@v3"])
+    left = [r.name for r in shared.store.versions("main")]
+    assert left == ["main@v2", *names[-keep_last:]]
+    assert removed == [n for n in names if n not in left]
+    assert shared.counters["versions_pruned"] == len(removed)
+    assert shared.prune_versions(["main@v2"]) == []
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

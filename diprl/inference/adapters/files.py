@@ -6,7 +6,9 @@ foreign module as an engine error, and an adapter of the wrong shape or for anot
 either crash a replica or load silently and play nonsense. The `safetensors` library reads the
 weights' header (it rejects truncation, a mangled or oversized header, unknown dtypes, and tensors
 whose bytes overlap, leave gaps or disagree with their shapes); the checks here add what LoRA
-serving needs on top. Nothing here loads tensors, so publishing an 8B model's adapter stays cheap.
+serving needs on top. Only `check_finite_weights` reads the tensors' values, once, at publish: a
+diverged adapter (NaN or inf in any LoRA weight) would load and make every request it serves sample
+garbage, so it never becomes a version.
 """
 
 from __future__ import annotations
@@ -118,6 +120,55 @@ def tensor_specs_of_bytes(data: bytes, where: str) -> dict[str, TensorSpec]:
     except SafetensorError as err:
         raise CorruptAdapter(f"{where}/{WEIGHTS_FILE}: not a readable safetensors file ({err}; truncated?)") from None
     return _specs(pairs)
+
+
+_EXPONENT_BITS: dict[str, tuple[Any, Any, int]] = {}
+"""dtype name -> (torch int view, numpy uint view, exponent mask); filled on first use (torch loads lazily)."""
+
+
+def _nonfinite_count(tensor: Any) -> int:
+    """NaN and inf values in a float tensor: those whose IEEE exponent bits are all ones.
+
+    Read on the raw bits with NumPy: `torch.isfinite` was 60x slower on a loaded 2-core machine
+    (4.5 s against 0.07 s for 56M values), and NumPy has no bfloat16 to call `isfinite` on.
+    """
+    import numpy as np
+    import torch
+
+    if not _EXPONENT_BITS:
+        _EXPONENT_BITS.update(
+            {
+                "torch.bfloat16": (torch.int16, np.uint16, 0x7F80),
+                "torch.float16": (torch.int16, np.uint16, 0x7C00),
+                "torch.float32": (torch.int32, np.uint32, 0x7F800000),
+            }
+        )
+    spec = _EXPONENT_BITS.get(str(tensor.dtype))
+    if spec is None:
+        return int((~torch.isfinite(tensor)).sum())
+    int_view, uint_view, mask = spec
+    bits = tensor.contiguous().view(int_view).numpy().view(uint_view)
+    return int(np.count_nonzero((bits & uint_view(mask)) == mask))
+
+
+def check_finite_weights(path: Path, where: str) -> None:
+    """`CorruptAdapter` unless every value of every tensor in the safetensors file at `path` is finite.
+
+    Tensors are read one at a time (memory stays at the largest one, a few MB for a 14B LoRA), in
+    whatever dtype they were saved (bf16 included).
+    """
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+                tensor = fh.get_tensor(key)
+                bad = _nonfinite_count(tensor)
+                if bad:
+                    raise CorruptAdapter(
+                        f"{where}/{WEIGHTS_FILE}: tensor {key[:120]!r} has {bad} non-finite values (NaN or inf) "
+                        f"of {tensor.numel()}; a diverged adapter is not published"
+                    )
+    except (SafetensorError, OSError) as err:
+        raise CorruptAdapter(f"{where}/{WEIGHTS_FILE}: not a readable safetensors file ({err}; truncated?)") from None
 
 
 def _check_metadata(metadata: Mapping[str, str] | None, where: str) -> None:

@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +45,7 @@ from diprl.inference.adapters.files import (
     WEIGHTS_FILE,
     adapter_shape,
     check_compatible,
+    check_finite_weights,
     check_weights_fit_base,
     read_config,
     tensor_specs_of_file,
@@ -233,6 +235,7 @@ class AdapterStore:
         shape = adapter_shape(config, specs, where, base_model)
         if shape.base_model is not None:
             check_weights_fit_base(specs, shape.base_model, where)
+        check_finite_weights(tmp / WEIGHTS_FILE, where)  # the bytes that would be stored, after the cheap checks
         created = now()
         # One publisher at a time claims a number, so the pin written for it before the rename can
         # only replace a pin that a crashed publish left (no complete version holds that number).
@@ -265,6 +268,48 @@ class AdapterStore:
                     continue
                 fsync_dir(tmp.parent)
                 return ref
+
+    # ---- retention ---------------------------------------------------------------------------
+
+    def prune(self, policy: str, keep: Iterable[str] = (), keep_last: int = 1) -> list[AdapterRef]:
+        """Delete `policy`'s versions that are neither named in `keep` nor among its newest `keep_last`.
+
+        Returns the refs removed, oldest first. `keep` may hold any PolicyRefs (`bot:...`, `base`,
+        other policies' versions): only this policy's versions count. Each version leaves in one
+        `rename` to a temp name (never listed, never resolvable) before its files are deleted, so a
+        reader sees a whole version or none; one that has already copied or loaded it is unaffected.
+        The newest version is always kept, so version numbers are never reused.
+        """
+        validate_policy_name(policy)
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise ValueError(f"keep_last must be an int >= 1 (the newest version is always kept), got {keep_last!r}")
+        if isinstance(keep, str):
+            raise TypeError("keep must be a collection of PolicyRef strings, not one string")
+        refs = self.versions(policy)
+        protected = set(refs[-keep_last:])
+        for name in keep:
+            try:
+                ref = parse_policy_ref(name)
+            except InvalidAdapterName:
+                continue  # a bot, or not a version at all: nothing of this store
+            if ref is not None:
+                protected.add(ref)
+        policy_dir = self.root / policy
+        removed = []
+        for ref in refs:
+            if ref in protected:
+                continue
+            trash = policy_dir / f"{_fs.TMP_PREFIX}pruned-v{ref.version}-{uuid.uuid4().hex}"
+            try:
+                os.rename(policy_dir / f"v{ref.version}", trash)
+            except FileNotFoundError:
+                continue  # pruned by someone else meanwhile
+            _fs.rmtree_frozen(trash)
+            removed.append(ref)
+        if removed:
+            fsync_dir(policy_dir)
+            self.refresh_index()
+        return removed
 
     # ---- reading -----------------------------------------------------------------------------
 
