@@ -118,6 +118,29 @@ def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, mo
     assert learner["quarantined"] == 1 and "quarantined_records" not in learner
 
 
+def test_a_learner_that_fails_every_step_ends_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One failed batch is a fault; MAX_LEARNER_FAILURES in a row is a broken learner: stop, exit status 1."""
+    import ray
+
+    from diprl.train import MAX_LEARNER_FAILURES, Driver
+
+    config, _ = compose_config(["+experiment=smoke"])
+    driver = Driver(config, tmp_path)
+    logged: list[dict[str, Any]] = []
+    driver.tracker = SimpleNamespace(log=lambda kind, values, policy="main": logged.append(dict(values)))
+
+    def fail(ref: Any) -> Any:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    monkeypatch.setattr(ray, "get", fail)
+    for _ in range(MAX_LEARNER_FAILURES - 1):
+        driver._learner_done(object(), "main")
+    assert driver.stop_reason is None and [f["stopping"] for f in logged] == [False] * (MAX_LEARNER_FAILURES - 1)
+    driver._learner_done(object(), "main")
+    assert driver.exit_code == 1 and driver.stop_reason is not None and "in a row" in driver.stop_reason
+    assert logged[-1]["stopping"] is True
+
+
 def test_a_new_run_refuses_a_directory_that_holds_anything(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     config, resolved = compose_config(["+experiment=smoke", f"train.run_dir={tmp_path}"])
