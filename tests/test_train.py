@@ -294,7 +294,8 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     assert steps == list(range(1, steps[-1] + 1)) and steps[-1] >= 5  # every step once, in order
     assert set(lost) <= set(_learner_steps(run_dir, "metrics.superseded.jsonl"))
     versions = [r.version for r in store.versions("main")]
-    assert versions == list(range(1, len(versions) + 1)) and len(versions) > len(published)
+    # Numbers only grow and none is reused (old ones may be pruned: learner.keep_versions).
+    assert versions == sorted(set(versions)) and versions[-1] > max(published)
     newest = CheckpointDir(run_dir / "checkpoints" / "main").newest_good().checkpoint
     assert newest is not None and newest.step == steps[-1] == int(fields["train_steps"])  # the final checkpoint
     league = json.loads((run_dir / "league_summary.json").read_text())

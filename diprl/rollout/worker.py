@@ -245,9 +245,11 @@ class RolloutRunner:
         self.config = config
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.queue = Queue(maxsize=queue_size)
-        ledger_name = f"group-ledger-{uuid.uuid4().hex[:12]}"  # unique: several runners may share a cluster
-        self.ledger = GroupLedger.options(name=ledger_name).remote(self.queue)  # type: ignore[attr-defined]
+        suffix = uuid.uuid4().hex[:12]  # unique: several runners may share a cluster
+        queue_name, ledger_name = f"queue-{suffix}", f"group-ledger-{suffix}"
+        # By name, not handle: the ledger is restartable (see GroupLedger).
+        self.queue = Queue(maxsize=queue_size, actor_options={"name": queue_name})
+        self.ledger = GroupLedger.options(name=ledger_name).remote(queue_name)  # type: ignore[attr-defined]
         self.workers = [
             RolloutWorker.options(num_cpus=0.5).remote(config, ledger_name, i)  # type: ignore[attr-defined]
             for i in range(num_workers)
