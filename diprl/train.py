@@ -313,6 +313,7 @@ class Driver:
             serve_app=SERVE_APP,
             seed=t.seed,
             train_turns=t.train_turns,
+            model=cfg.model.name,
         )
         self.workers = [
             RolloutWorker.options(name=f"rollout-{i}", num_cpus=t.worker_cpus).remote(  # type: ignore[attr-defined]
@@ -335,6 +336,7 @@ class Driver:
             temperature=e.temperature,
             max_tokens=self.config.train.episode.max_tokens,
             serve_app=SERVE_APP,
+            model=self.config.model.name,
         )
 
     # ---------------------------------------------------------------- loop

@@ -21,7 +21,7 @@ from diprl.inference.adapters import AdapterStore
 from diprl.inference.config import ServerConfig
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.logprobs import constrained_logprobs
-from diprl.policy.models import create_tiny_model, load_preset, resolve_model_path
+from diprl.policy.models import create_tiny_model, load_preset, logits_width, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
@@ -110,7 +110,7 @@ def _reference_logprobs(result: dict[str, Any], request: dict[str, Any], lora_di
     ids = torch.tensor([result["prompt_ids"] + result["token_ids"]])
     with torch.no_grad():
         logits = model(ids).logits[0, len(result["prompt_ids"]) - 1 : -1]
-    table = token_table(load_tokenizer(path), 151936)
+    table = token_table(load_tokenizer(path), logits_width(preset))
     masks = OrderConstraint(PowerOrders.from_dict(request["legal"]), table).masks_for(result["token_ids"])
     return constrained_logprobs(logits, masks, torch.tensor(result["token_ids"]), request["temperature"])
 

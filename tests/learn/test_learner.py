@@ -20,7 +20,7 @@ from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.loss import grpo_loss
 from diprl.learn.model import CompletionHidden, build_peft_model, completion_logprobs, lora_state
-from diprl.policy.models import load_preset
+from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 
 from .groups import make_group, on_policy
@@ -28,7 +28,7 @@ from .groups import make_group, on_policy
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    return load_tokenizer()
+    return load_tokenizer(resolve_model_path(load_preset("tiny")))  # the learner's model's tokenizer
 
 
 @pytest.fixture(scope="module")
