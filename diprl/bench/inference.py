@@ -93,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     candidates = vocab.tiny_pair() + (vocab.body_candidates() if args.bodies else [])
     print(f"vocabulary: {len(candidates)} models, 64 constrained mid-game order requests, bare vLLM CPU engine")
-    rates = vocab.compare(candidates, _requests(64, ["base"]))
+    rates = vocab.compare(
+        candidates, _requests(64, ["base"]), on_row=lambda c, r: print(vocab.row_text(c, r), flush=True)
+    )
     print(vocab.report(candidates, rates) + "\n")
     if args.vocab_only:
         return 0
