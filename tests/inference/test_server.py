@@ -251,7 +251,9 @@ def test_status_reports_a_healthy_replica(server: Server) -> None:
 def test_every_malformed_request_fails_alone_and_the_batch_gets_one_result_each(server: Server) -> None:
     good = _requests(["base"])[0]
     legal = good["legal"]
-    long_prompt = "A PAR - BUR\n" * 1500  # thousands of tokens: more than the 2048-token context
+    # Thousands of tokens in any vocabulary (the compact one spells a whole order line in one id):
+    # more than the 2048-token context
+    long_prompt = "A PAR - BUR\n" * 3000
     bad: list[tuple[dict[str, Any], str]] = [
         (dict(good, prompt=long_prompt), "the context holds 2048"),
         (dict(good, prompt=[-1, 5]), "'prompt' token 0"),
