@@ -172,7 +172,12 @@ BUILTIN_PRESETS: dict[str, ModelPreset] = {
         dtype="float32",
         max_model_len=4096,
         tiny=TinyModelSpec(
-            hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            vocab_size=8192,
         ),
         lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
     ),
