@@ -490,6 +490,7 @@ class Driver:
             serve_app=serve_app_name(self.run_dir),
             seed=t.seed,
             train_turns=t.train_turns,
+            model=cfg.model.name,
         )
         self.workers = [
             RolloutWorker.options(name=f"rollout-{i}", num_cpus=t.worker_cpus).remote(  # type: ignore[attr-defined]
@@ -512,6 +513,7 @@ class Driver:
             temperature=e.temperature,
             max_tokens=self.config.train.episode.max_tokens,
             serve_app=serve_app_name(self.run_dir),
+            model=self.config.model.name,
         )
 
     def _supersede(self, policy: str, last_step: int) -> int:

@@ -1,8 +1,12 @@
 """Inference service benchmark: what the Serve deployment costs, what mixing adapters costs, and how
 fast a published version is served.
 
-    python -m diprl.bench inference [--requests 48] [--rounds 2] [--quiet] [--verbose]
+    python -m diprl.bench inference [--requests 48] [--rounds 2] [--vocab-only] [--bodies] [--quiet] [--verbose]
 
+0. The vocabulary (`diprl.bench.vocab`): the tiny body with Qwen's 151,936 ids and with the compact
+   BPE, tokens and completions per second at batch 4, 16 and 64, side by side, with ratios.
+   `--bodies` measures the candidate bodies for the `small` preset the same way; `--vocab-only`
+   stops after this part.
 1. The same constrained order requests (mid-game states, temperature 1) through the bare async engine
    (`PolicyEngine` in this process) and through the PolicyServer deployment (Ray Serve handle, one
    replica): tokens per second of each, best of `--rounds`.
@@ -79,9 +83,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench inference", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--vocab-only", action="store_true", help="only the vocabulary comparison")
+    parser.add_argument("--bodies", action="store_true", help="also measure the candidate bodies for `small`")
     add_console_flags(parser)
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
+
+    from diprl.bench import vocab
+
+    candidates = vocab.tiny_pair() + (vocab.body_candidates() if args.bodies else [])
+    print(f"vocabulary: {len(candidates)} models, 64 constrained mid-game order requests, bare vLLM CPU engine")
+    rates = vocab.compare(
+        candidates, _requests(64, ["base"]), on_row=lambda c, r: print(vocab.row_text(c, r), flush=True)
+    )
+    print(vocab.report(candidates, rates) + "\n")
+    if args.vocab_only:
+        return 0
 
     import ray
 

@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     from diprl.learn.batching import micro_batches
     from diprl.learn.config import LearnerConfig
     from diprl.learn.learner import Learner
+    from diprl.policy.models import resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
 
     # One tick per learner step (the first is the untimed warm-up), after the model loads.
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             bf16=args.bf16,
         )
         learner = Learner(config, Path(tmp) / "run", Path(tmp) / "adapters")
-        tokenizer = load_tokenizer()
+        tokenizer = load_tokenizer(resolve_model_path(learner.preset))
         bare = BareLoop(learner.preset, config)
         if config.use_gpu:
             bare.module.cuda()

@@ -52,6 +52,7 @@ class EvaluatorConfig:
     plots: bool = True
     client: str = "serve"
     serve_app: str = "policy"
+    model: str = "tiny"  # model preset whose tokenizer the uniform client spells completions in
 
     def __post_init__(self) -> None:
         if not self.pool and not self.pinned:
@@ -103,12 +104,15 @@ class Evaluator:
     def _get_client(self) -> PolicyClient:
         if self._client is None:
             if self.config.client == "uniform":
+                from diprl.policy.models import load_preset, logits_width, resolve_model_path
                 from diprl.policy.tokenizer import load_tokenizer
                 from diprl.policy.vocab import token_table
                 from diprl.rollout.clients import UniformConstrainedClient
 
-                tokenizer = load_tokenizer()
-                self._client = UniformConstrainedClient(token_table(tokenizer, 151936), self.config.seed, tokenizer)
+                preset = load_preset(self.config.model)
+                tokenizer = load_tokenizer(resolve_model_path(preset))
+                table = token_table(tokenizer, logits_width(preset))
+                self._client = UniformConstrainedClient(table, self.config.seed, tokenizer)
             else:
                 from diprl.rollout.clients import ServeClient
 

@@ -64,7 +64,7 @@ from diprl.learn.model import (
 )
 from diprl.learn.state_files import read_state, state_paths, write_state
 from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
-from diprl.policy.models import ENDOFTEXT_ID, load_preset, resolve_model_path
+from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
 
@@ -126,7 +126,7 @@ class Learner:
         self.vocab_size = self.preset.tiny.vocab_size if self.preset.tiny is not None else None
         self.table = token_table(tokenizer, self.vocab_size)
         pad = tokenizer.pad_token_id
-        self.pad_id = int(pad) if pad is not None else ENDOFTEXT_ID
+        self.pad_id = int(pad) if pad is not None else int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
         self.checkpoints = CheckpointDir(
             self.run_dir / "checkpoints" / config.policy, keep=config.keep_checkpoints, required=CHECKPOINT_FILES
         )

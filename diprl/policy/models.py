@@ -1,10 +1,14 @@
 """Model presets (tiny / Qwen3-8B / Qwen3-14B) and the offline tiny Qwen3 they can point to.
 
-The embedded mode must run the whole actor/learner loop with no model hub, so the `tiny` preset
-is a real `Qwen3ForCausalLM` (same architecture, tokenizer and vocabulary width as Qwen3-8B, so
-vLLM, PEFT and the learner exercise the code paths of the cluster) with a few million random
-weights, built from a seed into the cache. Building is deterministic: the same spec gives the same
-bytes, so logprob parity tests between vLLM and the learner are reproducible anywhere.
+The embedded mode must run the whole actor/learner loop with no model hub, so the `tiny` and
+`small` presets are real `Qwen3ForCausalLM`s (same architecture and chat format as Qwen3-8B, so
+vLLM, PEFT and the learner exercise the code paths of the cluster) with random weights, built from
+a seed into the cache. Their tokenizer is the compact BPE of `diprl.policy.compact_tokenizer`
+(a few thousand ids: cheap to sample on a CPU, and the parameters go into the body instead of the
+embedding); a spec can ask for Qwen's own tokenizer and 151,936-id width instead, which is how the
+tests keep the real models' tokenizer under the constraint. Building is deterministic: the same
+spec gives the same bytes, so logprob parity tests between vLLM and the learner are reproducible
+anywhere.
 
 Presets are typed dataclasses. The YAML files in `conf/model/` are the editable copies Hydra
 composes (`model=tiny`); they extend the `base_model` schema registered in Hydra's ConfigStore, so a
@@ -22,7 +26,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from diprl.policy.compact_tokenizer import (
+    MIN_VOCAB_SIZE,
+    compact_tokenizer_fingerprint,
+    compact_tokenizer_path,
+)
 from diprl.policy.tokenizer import (
+    QWEN3_VOCAB_LEN,
     build_cached_dir,
     cache_root,
     fingerprint,
@@ -38,13 +48,20 @@ if TYPE_CHECKING:
 TINY_RECIPE_VERSION = 1
 """Bump when `tiny_config` or the saved files change in a way the spec does not show."""
 
-ENDOFTEXT_ID = 151643
-IM_END_ID = 151645
+QWEN3_PADDED_VOCAB = 151936
+"""Rows of a Qwen3 checkpoint's embedding (its tokenizer has 151,669 ids)."""
 DTYPES = ("float32", "bfloat16", "float16")
 QWEN3_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 """Every linear layer of a Qwen3 block; the LM head is tied to the embeddings and stays frozen."""
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+class TokenizerKind(StrEnum):
+    """Which tokenizer a tiny model ships: the compact BPE, or Qwen3's own (the GPU models')."""
+
+    compact = "compact"
+    qwen3 = "qwen3"
 
 
 class ModelSource(StrEnum):
@@ -56,10 +73,11 @@ class ModelSource(StrEnum):
 
 @dataclass
 class TinyModelSpec:
-    """Shape and seed of the random tiny Qwen3.
+    """Shape, tokenizer and seed of the random tiny Qwen3.
 
-    head_dim 32 because vLLM's CPU attention rejects 16; the vocabulary is Qwen3's padded 151,936
-    rows, so token ids, the logits width and the constraint masks match the real models.
+    head_dim 32 because vLLM's CPU attention rejects 16. `vocab_size` is the logits width: for
+    the compact tokenizer exactly its number of ids (the BPE is trained to that size); for
+    `qwen3` at least the tokenizer's 151,669 ids (Qwen3 checkpoints use 151,936).
     """
 
     hidden_size: int = 64
@@ -68,9 +86,18 @@ class TinyModelSpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     head_dim: int = 32
-    vocab_size: int = 151936
+    vocab_size: int = 4096
+    tokenizer: TokenizerKind = TokenizerKind.compact
     seed: int = 0
     max_position_embeddings: int = 4096
+
+    def problems(self) -> list[str]:
+        """What is inconsistent in this spec (empty when it can be built)."""
+        if self.tokenizer is TokenizerKind.qwen3 and self.vocab_size < QWEN3_VOCAB_LEN:
+            return [f"vocab_size {self.vocab_size} is below the Qwen3 tokenizer's {QWEN3_VOCAB_LEN} ids"]
+        if self.tokenizer is TokenizerKind.compact and self.vocab_size < MIN_VOCAB_SIZE:
+            return [f"a compact vocabulary needs at least {MIN_VOCAB_SIZE} ids, got vocab_size {self.vocab_size}"]
+        return []
 
 
 @dataclass
@@ -109,6 +136,8 @@ class ModelPreset:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.max_model_len <= 0:
             problems.append(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.tiny is not None:
+            problems.extend(self.tiny.problems())
         if self.tiny is not None and self.max_model_len > self.tiny.max_position_embeddings:
             problems.append(
                 f"max_model_len {self.max_model_len} exceeds the tiny model's "
@@ -135,15 +164,20 @@ BUILTIN_PRESETS: dict[str, ModelPreset] = {
         tiny=TinyModelSpec(),
         lora=LoraSettings(rank=8, alpha=16, dropout=0.0),
     ),
-    # Twice the tiny model's width and depth (about 20M parameters, 19.4M of them the tied
-    # embeddings): what imitation on 2 CPU cores can still train (docs/imitation.md).
+    # The embedded default for training: the compact vocabulary leaves the parameters to the body
+    # (chosen by measurement, see the README's model presets).
     "small": ModelPreset(
         name="small",
         source=ModelSource.tiny,
         dtype="float32",
         max_model_len=4096,
         tiny=TinyModelSpec(
-            hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            vocab_size=8192,
         ),
         lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
     ),
@@ -229,10 +263,47 @@ def load_preset(name: str, conf_dir: Path | None = None) -> ModelPreset:
         raise ValueError(f"{path}: {err}") from err
 
 
-def tiny_config(spec: TinyModelSpec) -> Qwen3Config:
-    """The Qwen3-8B configuration shrunk to `spec`: same rope, norms, ids and tied embeddings."""
+def spec_tokenizer_path(spec: TinyModelSpec) -> Path:
+    """The built tokenizer directory a tiny model of `spec` ships (built on first use)."""
+    if spec.tokenizer is TokenizerKind.qwen3:
+        return qwen_tokenizer_path()
+    return compact_tokenizer_path(spec.vocab_size)
+
+
+def spec_tokenizer_fingerprint(spec: TinyModelSpec) -> str:
+    """The content key of the tokenizer `spec` ships, part of the tiny model's own key."""
+    if spec.tokenizer is TokenizerKind.qwen3:
+        return tokenizer_fingerprint()
+    return compact_tokenizer_fingerprint(spec.vocab_size)
+
+
+@dataclass(frozen=True)
+class ChatTokenIds:
+    """The ids the model config and generation config name, read from the tokenizer itself."""
+
+    endoftext: int
+    im_end: int
+
+
+def chat_token_ids(tokenizer_dir: Path) -> ChatTokenIds:
+    """`<|endoftext|>` and `<|im_end|>` as the tokenizer in `tokenizer_dir` numbers them."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    ids = {token: backend.token_to_id(token) for token in ("<|endoftext|>", "<|im_end|>")}
+    endoftext, im_end = ids["<|endoftext|>"], ids["<|im_end|>"]
+    if endoftext is None or im_end is None:
+        raise ValueError(f"tokenizer in {tokenizer_dir} lacks <|endoftext|> or <|im_end|>: {ids}")
+    return ChatTokenIds(endoftext=endoftext, im_end=im_end)
+
+
+def tiny_config(spec: TinyModelSpec, ids: ChatTokenIds | None = None) -> Qwen3Config:
+    """The Qwen3-8B configuration shrunk to `spec`: same rope, norms and tied embeddings, and the
+    chat token ids of the spec's tokenizer (read from it when `ids` is not given)."""
     from transformers import Qwen3Config
 
+    if ids is None:
+        ids = chat_token_ids(spec_tokenizer_path(spec))
     return Qwen3Config(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
@@ -248,13 +319,13 @@ def tiny_config(spec: TinyModelSpec) -> Qwen3Config:
         hidden_act="silu",
         attention_bias=False,
         tie_word_embeddings=True,
-        bos_token_id=ENDOFTEXT_ID,
-        eos_token_id=IM_END_ID,
+        bos_token_id=ids.endoftext,
+        eos_token_id=ids.im_end,
         architectures=["Qwen3ForCausalLM"],
     )
 
 
-def create_tiny_model(spec: TinyModelSpec) -> Qwen3ForCausalLM:
+def create_tiny_model(spec: TinyModelSpec, ids: ChatTokenIds | None = None) -> Qwen3ForCausalLM:
     """A freshly initialised tiny Qwen3 in float32, seeded so the weights depend on `spec` only.
 
     The global torch RNG is restored afterwards: building a model must not shift a caller's
@@ -265,7 +336,7 @@ def create_tiny_model(spec: TinyModelSpec) -> Qwen3ForCausalLM:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = Qwen3ForCausalLM(tiny_config(spec))
+        model = Qwen3ForCausalLM(tiny_config(spec, ids))
     return model.float().eval()
 
 
@@ -279,13 +350,14 @@ def _write_tiny_model(spec: TinyModelSpec, out: Path) -> None:
 
     from transformers import GenerationConfig
 
-    model = create_tiny_model(spec)
+    tokenizer_dir = spec_tokenizer_path(spec)
+    ids = chat_token_ids(tokenizer_dir)
+    model = create_tiny_model(spec, ids)
     model.save_pretrained(out, safe_serialization=True)
     # No sampling defaults: vLLM would adopt them silently as request defaults.
     GenerationConfig(
-        bos_token_id=ENDOFTEXT_ID, eos_token_id=[IM_END_ID, ENDOFTEXT_ID], pad_token_id=ENDOFTEXT_ID
+        bos_token_id=ids.endoftext, eos_token_id=[ids.im_end, ids.endoftext], pad_token_id=ids.endoftext
     ).save_pretrained(out)
-    tokenizer_dir = qwen_tokenizer_path()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(tokenizer_dir / name, out / name)
 
@@ -299,7 +371,9 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: Path | None = None) -> Path:
     a half-written model; a changed tokenizer recipe or a corrupt file triggers a rebuild.
     """
     target = out_dir if out_dir is not None else cache_root() / "models" / tiny_model_dir_name(spec)
-    key = fingerprint({"recipe": TINY_RECIPE_VERSION, "spec": asdict(spec), "tokenizer": tokenizer_fingerprint()})
+    key = fingerprint(
+        {"recipe": TINY_RECIPE_VERSION, "spec": asdict(spec), "tokenizer": spec_tokenizer_fingerprint(spec)}
+    )
     return build_cached_dir(target, key, lambda out: _write_tiny_model(spec, out))
 
 
@@ -335,6 +409,20 @@ def resolve_model_path(preset: ModelPreset) -> Path | str:
             f"Hugging Face cache, and HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')} forbids downloading it. "
             "Set the preset's path to a local checkout, or unset HF_HUB_OFFLINE where the hub is reachable."
         ) from err
+
+
+def logits_width(preset: ModelPreset) -> int:
+    """Rows of the preset's LM head: the width of every logits row and constraint mask.
+
+    A tiny preset says it in its spec; a real model's `config.json` does (Qwen3-8B/14B: 151,936,
+    more than its tokenizer's ids).
+    """
+    if preset.tiny is not None:
+        return preset.tiny.vocab_size
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(resolve_model_path(preset)))
+    return int(config.vocab_size)
 
 
 register_configs()

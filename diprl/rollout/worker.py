@@ -43,6 +43,7 @@ class WorkerConfig:
     serve_app: str = "policy"
     seed: int = 0
     train_turns: str | None = None  # overrides the reward config's credit.train_turns (fork | all)
+    model: str = "tiny"  # the served model's preset: its tokenizer and logits width spell the completions
 
 
 def stratified_matches(
@@ -182,6 +183,7 @@ class RolloutWorker:
     """
 
     def __init__(self, config: WorkerConfig, ledger_name: str, worker_index: int = 0) -> None:
+        from diprl.policy.models import load_preset, logits_width, resolve_model_path
         from diprl.policy.tokenizer import load_tokenizer
         from diprl.policy.vocab import token_table
         from diprl.rollout.credit import CreditAssigner
@@ -189,8 +191,9 @@ class RolloutWorker:
 
         self.config = config
         self.ledger: Any = ray.get_actor(ledger_name)
-        tokenizer = load_tokenizer()
-        table = token_table(tokenizer, 151936)
+        preset = load_preset(config.model)
+        tokenizer = load_tokenizer(resolve_model_path(preset))
+        table = token_table(tokenizer, logits_width(preset))
         client: Any
         if config.client == "serve":
             from diprl.rollout.clients import ServeClient

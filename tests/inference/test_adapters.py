@@ -647,7 +647,9 @@ def test_a_resolved_version_loads_into_peft_with_the_same_logits(tmp_path: Path)
     ref = store.publish("p", in_memory)
     version = LocalAdapterCache(tmp_path / "cache", fetch=lambda n: pack_adapter(store.resolve(n))).get(ref.name)
     loaded = PeftModel.from_pretrained(load_tiny_base(), str(version.path)).eval()
-    ids = torch.tensor([[151644, 872, 198, 9707, 11, 1879, 0]])
+    from diprl.policy.tokenizer import load_tokenizer
+
+    ids = torch.tensor([load_tokenizer(tiny_base_path()).encode("<|im_start|>user\nHello, world!")])
     with torch.no_grad():
         expected = in_memory(input_ids=ids).logits
         got = loaded(input_ids=ids).logits

@@ -9,11 +9,11 @@ import torch
 
 from diprl.game import DiplomacyGame
 from diprl.inference.logits_processor import CONSTRAINT_KEY, OrderConstraintLogitsProcessor, constraint_args
-from diprl.policy.models import load_preset, resolve_model_path
+from diprl.policy.models import load_preset, logits_width, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
 
-VOCAB = 151_936
+VOCAB = logits_width(load_preset("tiny"))
 
 
 def _processor() -> OrderConstraintLogitsProcessor:

@@ -21,7 +21,7 @@ from diprl.inference.adapters import AdapterStore
 from diprl.inference.config import ServerConfig
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.logprobs import constrained_logprobs
-from diprl.policy.models import create_tiny_model, load_preset, resolve_model_path
+from diprl.policy.models import create_tiny_model, load_preset, logits_width, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
@@ -111,7 +111,7 @@ def _reference_logprobs(result: dict[str, Any], request: dict[str, Any], lora_di
     ids = torch.tensor([result["prompt_ids"] + result["token_ids"]])
     with torch.no_grad():
         logits = model(ids).logits[0, len(result["prompt_ids"]) - 1 : -1]
-    table = token_table(load_tokenizer(path), 151936)
+    table = token_table(load_tokenizer(path), logits_width(preset))
     masks = OrderConstraint(PowerOrders.from_dict(request["legal"]), table).masks_for(result["token_ids"])
     return constrained_logprobs(logits, masks, torch.tensor(result["token_ids"]), request["temperature"])
 
@@ -252,7 +252,9 @@ def test_status_reports_a_healthy_replica(server: Server) -> None:
 def test_every_malformed_request_fails_alone_and_the_batch_gets_one_result_each(server: Server) -> None:
     good = _requests(["base"])[0]
     legal = good["legal"]
-    long_prompt = "A PAR - BUR\n" * 1500  # thousands of tokens: more than the 2048-token context
+    # Thousands of tokens in any vocabulary (the compact one spells a whole order line in one id):
+    # more than the 2048-token context
+    long_prompt = "A PAR - BUR\n" * 3000
     bad: list[tuple[dict[str, Any], str]] = [
         (dict(good, prompt=long_prompt), "the context holds 2048"),
         (dict(good, prompt=[-1, 5]), "'prompt' token 0"),

@@ -1,5 +1,8 @@
 """Real vLLM (CPU build) with the tiny Qwen3: constrained sampling is always legal, and its
-behaviour log-probabilities equal the masked, tempered ones recomputed with transformers."""
+behaviour log-probabilities equal the masked, tempered ones recomputed with transformers.
+
+Both vocabularies: the compact BPE of the CPU presets and Qwen3's own (the GPU models'), one engine
+each for the whole module."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from diprl.game import DiplomacyGame, PhaseKind
 from diprl.inference.engine import EngineConfig, OrderRequest, generate_orders, make_llm
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.logprobs import constrained_logprobs
-from diprl.policy.models import load_preset, resolve_model_path
+from diprl.policy.models import TinyModelSpec, TokenizerKind, build_tiny_model, load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
@@ -44,9 +47,12 @@ def decision_states(n: int, seed: int = 0) -> list[OrderRequest]:
     return requests[:n]
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[tuple[Any, str]]:
-    path = str(resolve_model_path(load_preset("tiny")))
+@pytest.fixture(scope="module", params=["compact", "qwen3"])
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
+    if request.param == "compact":
+        path = str(resolve_model_path(load_preset("tiny")))
+    else:
+        path = str(build_tiny_model(TinyModelSpec(vocab_size=151936, tokenizer=TokenizerKind.qwen3)))
     threads = torch.get_num_threads()
     llm = make_llm(EngineConfig(model=path, max_model_len=2048, max_num_seqs=128))
     yield llm, path

@@ -40,6 +40,7 @@ from diprl.learn.teacher import (
     write_shards,
 )
 from diprl.policy.constraint import OrderConstraint
+from diprl.policy.models import load_preset, logits_width, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import TokenTable, token_table
 from tests.policy.states import legal_order_sets
@@ -47,8 +48,9 @@ from tests.policy.states import legal_order_sets
 
 @pytest.fixture(scope="module")
 def tok() -> tuple[Any, TokenTable]:
-    tokenizer = load_tokenizer()
-    return tokenizer, token_table(tokenizer, 151936)
+    preset = load_preset("tiny")  # the model the tests train: its tokenizer spells the examples
+    tokenizer = load_tokenizer(resolve_model_path(preset))
+    return tokenizer, token_table(tokenizer, logits_width(preset))
 
 
 @pytest.fixture(scope="module")

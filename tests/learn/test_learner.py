@@ -32,7 +32,7 @@ from diprl.learn.model import (
     read_adapter_dir,
 )
 from diprl.learn.train_state import engine_state, rng_state
-from diprl.policy.models import load_preset
+from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.tracking import read_metrics
 
@@ -41,7 +41,7 @@ from .groups import make_group, on_policy
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    return load_tokenizer()
+    return load_tokenizer(resolve_model_path(load_preset("tiny")))  # the learner's model's tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,10 @@ def test_one_step_equals_plain_adamw_on_the_token_mean_loss(shared: Learner, tok
     assert metrics["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
     assert metrics["ratio"] == pytest.approx(1.0) and metrics["tis_weight"] == pytest.approx(1.0, abs=1e-5)
     ours, theirs = lora_state(shared.peft), lora_state(reference.peft_model)
-    # Adam's first step moves every weight by about lr = 2e-2; float32 summation order differs slightly
-    assert max(float((ours[k] - theirs[k]).abs().max()) for k in ours) < 2e-5
+    # Adam's first step moves every weight by about lr = 2e-2; float32 summation order differs slightly,
+    # and a weight whose gradient is near Adam's eps moves by lr * g / (|g| + eps), so that difference
+    # shows at up to about 1e-3 of the step (2.1e-5 measured with the compact vocabulary's tiny model)
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in ours) < 5e-5
     for key in (
         "time_recompute_s",
         "time_fwd_bwd_s",

@@ -1,9 +1,11 @@
 """A version the learner publishes is served by the PolicyServer's engine, and the learner's masked,
-tempered logprobs of the served completions equal the engine's processed logprobs (within 1e-4)."""
+tempered logprobs of the served completions equal the engine's processed logprobs (within 1e-4),
+with the compact vocabulary of the CPU presets and with Qwen3's own (the GPU models')."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from diprl.inference.config import ServerConfig
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.model import zero_lora_b_state
+from diprl.policy.models import ModelSource, TinyModelSpec, TokenizerKind, load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 
@@ -39,10 +42,20 @@ def _served(config: ServerConfig, requests: list[dict[str, Any]]) -> list[dict[s
         torch.set_num_threads(threads)  # vLLM pins torch to one thread in-process
 
 
-def test_published_version_is_served_and_learner_logprobs_match_the_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vocabulary", ["compact", "qwen3"])
+def test_published_version_is_served_and_learner_logprobs_match_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vocabulary: str
+) -> None:
+    preset = load_preset("tiny")
+    if vocabulary == "qwen3":
+        assert preset.source is ModelSource.tiny
+        preset = replace(preset, tiny=TinyModelSpec(vocab_size=151936, tokenizer=TokenizerKind.qwen3))
+        monkeypatch.setattr("diprl.learn.learner.load_preset", lambda name: preset)
+    model_path = resolve_model_path(preset)
     adapters = tmp_path / "adapters"
     learner = Learner(LearnerConfig(lr=3e-2, max_grad_norm=0.0, checkpoint_every=0), tmp_path / "run", adapters)
-    tokenizer = load_tokenizer()
+    assert learner.preset == preset
+    tokenizer = load_tokenizer(model_path)
     for seed in range(2):  # move the LoRA well away from the base
         version = learner.latest_version()
         group = on_policy(learner, make_group(learner.table, tokenizer, version, [1.0, -1.0, 1.0, -1.0], seed=seed))
@@ -62,7 +75,11 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(tmp_p
         for power, temperature in (("FRANCE", 1.0), ("ENGLAND", 0.7), ("RUSSIA", 1.0))
     ]
     config = ServerConfig(
-        model="tiny", adapter_root=str(adapters), adapter_cache=str(tmp_path / "cache"), max_num_seqs=8
+        model=str(model_path),
+        dtype="float32",
+        adapter_root=str(adapters),
+        adapter_cache=str(tmp_path / "cache"),
+        max_num_seqs=8,
     )
     results = _served(config, requests)
     assert [r["error"] for r in results] == [None] * len(requests)

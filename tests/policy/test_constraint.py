@@ -174,27 +174,32 @@ def test_reasoning_then_orders(index: int, seed: int, budget: int) -> None:
     check_complete(tail, legal)
 
 
-@pytest.fixture(scope="module")
-def qwen() -> tuple[object, TokenTable]:
+@pytest.fixture(scope="module", params=["qwen3", "compact"])
+def real_bpe(request: pytest.FixtureRequest) -> tuple[object, TokenTable]:
+    """Both real vocabularies: Qwen3's (the GPU models') and the compact one (the CPU presets')."""
+    from diprl.policy.compact_tokenizer import compact_tokenizer_path
     from diprl.policy.tokenizer import load_tokenizer
     from diprl.policy.vocab import token_table
 
-    tokenizer = load_tokenizer()
-    return tokenizer, token_table(tokenizer, 151936)
+    if request.param == "qwen3":
+        tokenizer = load_tokenizer()
+        return tokenizer, token_table(tokenizer, 151936)
+    tokenizer = load_tokenizer(compact_tokenizer_path(4096))
+    return tokenizer, token_table(tokenizer, 4096)
 
 
 @settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(index=st.integers(0, len(STATES) - 1), seed=st.integers(0, 2**32 - 1))
-def test_random_walks_under_the_real_qwen_vocabulary_round_trip(
-    qwen: tuple[object, TokenTable], index: int, seed: int
+def test_random_walks_under_real_vocabularies_round_trip(
+    real_bpe: tuple[object, TokenTable], index: int, seed: int
 ) -> None:
     """Real BPE: every walk is a legal order set, and the tokenizer decodes the ids to that exact text,
     which the unconstrained parser reads back as complete and legal."""
     from diprl.policy.parser import legal_complete, parse_orders
 
-    tokenizer, table = qwen
+    tokenizer, table = real_bpe
     legal = STATES[index]
     constraint = OrderConstraint(legal, table)
     rng = random.Random(seed)

@@ -16,17 +16,20 @@ from diprl.policy.models import (
     ModelPreset,
     ModelSource,
     TinyModelSpec,
+    TokenizerKind,
     build_tiny_model,
     create_tiny_model,
     known_presets,
     load_preset,
+    logits_width,
     preset_from_config,
     resolve_model_path,
 )
 from diprl.policy.tokenizer import QWEN3_VOCAB_LEN, STAMP_FILE, load_tokenizer
 
-# <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
-PROMPT_IDS = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+CHAT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+QWEN_PROMPT_IDS = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]  # CHAT under Qwen3's tokenizer
+QWEN_SPEC = TinyModelSpec(vocab_size=151936, tokenizer=TokenizerKind.qwen3)
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -35,39 +38,81 @@ def tiny_dir() -> Path:
     return build_tiny_model(TinyModelSpec())
 
 
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_dir: Path) -> list[int]:
+    ids = load_tokenizer(tiny_dir).encode(CHAT)
+    assert ids[0] == 1 and 2 in ids  # <|im_start|> and <|im_end|> are the compact ids 1 and 2
+    return list(ids)
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_tiny_parameter_count() -> None:
-    model = create_tiny_model(TinyModelSpec())
-    # Embeddings 151,936 x 64 = 9,723,904 (the LM head is tied to them, counted once).
     # Per layer: q 64x128 + k 64x64 + v 64x64 + o 128x64 = 24,576; q_norm + k_norm 2 x 32 = 64;
     # MLP gate/up 64x128 + down 128x64 = 24,576; two RMSNorms 2 x 64 = 128 -> 49,344.
-    # 2 layers = 98,688, final norm 64: 9,723,904 + 98,688 + 64 = 9,822,656.
-    assert sum(p.numel() for p in model.parameters()) == 9_822_656
+    # 2 layers = 98,688, final norm 64. Embeddings (the LM head is tied to them, counted once):
+    # compact 4,096 x 64 = 262,144 -> 360,896; Qwen's 151,936 x 64 = 9,723,904 -> 9,822,656.
+    model = create_tiny_model(TinyModelSpec())
+    assert sum(p.numel() for p in model.parameters()) == 360_896
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert model.dtype == torch.float32
+    assert sum(p.numel() for p in create_tiny_model(QWEN_SPEC).parameters()) == 9_822_656
 
 
-def test_saved_model_loads_with_identical_logits(tiny_dir: Path) -> None:
+def test_saved_model_loads_with_identical_logits(tiny_dir: Path, prompt_ids: list[int]) -> None:
     from transformers import AutoModelForCausalLM
 
     in_memory = create_tiny_model(TinyModelSpec())
     loaded = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
-    ids = torch.tensor([PROMPT_IDS])
+    ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         assert torch.equal(in_memory(ids).logits, loaded(ids).logits)
 
     config = json.loads((tiny_dir / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"]
-    assert (config["tie_word_embeddings"], config["head_dim"], config["vocab_size"]) == (True, 32, 151936)
-    assert (config["bos_token_id"], config["eos_token_id"]) == (151643, 151645)
+    assert (config["tie_word_embeddings"], config["head_dim"], config["vocab_size"]) == (True, 32, 4096)
+    assert (config["bos_token_id"], config["eos_token_id"]) == (0, 2)  # the compact <|endoftext|>, <|im_end|>
     generation = json.loads((tiny_dir / "generation_config.json").read_text())
-    assert generation["eos_token_id"] == [151645, 151643]
-    assert generation["pad_token_id"] == 151643
+    assert generation["eos_token_id"] == [2, 0]
+    assert generation["pad_token_id"] == 0
     assert "temperature" not in generation  # vLLM would adopt sampling defaults silently
-    assert len(load_tokenizer(tiny_dir)) == QWEN3_VOCAB_LEN
+    tokenizer = load_tokenizer(tiny_dir)
+    assert len(tokenizer) == 4096
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 2)
+
+
+def test_the_qwen_tokenizer_spec_keeps_qwen_ids(tmp_path: Path) -> None:
+    """A tiny model with Qwen3's tokenizer names Qwen3's ids, read from that tokenizer."""
+    directory = build_tiny_model(QWEN_SPEC, tmp_path / "qwen")
+    config = json.loads((directory / "config.json").read_text())
+    assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (151936, 151643, 151645)
+    generation = json.loads((directory / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == ([151645, 151643], 151643)
+    tokenizer = load_tokenizer(directory)
+    assert len(tokenizer) == QWEN3_VOCAB_LEN
+    assert tokenizer.encode(CHAT) == QWEN_PROMPT_IDS
+
+
+def test_a_spec_whose_vocabulary_does_not_fit_its_tokenizer_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"below the Qwen3 tokenizer's 151669 ids"):
+        replace_tiny(TinyModelSpec(vocab_size=4096, tokenizer=TokenizerKind.qwen3))
+    with pytest.raises(ValueError, match=r"at least 512 ids"):
+        replace_tiny(TinyModelSpec(vocab_size=300))
+
+
+def replace_tiny(spec: TinyModelSpec) -> ModelPreset:
+    return ModelPreset(name="x", source=ModelSource.tiny, dtype="float32", max_model_len=2048, tiny=spec)
+
+
+def test_logits_width_comes_from_the_preset(tmp_path: Path) -> None:
+    assert logits_width(load_preset("tiny")) == 4096
+    assert logits_width(replace_tiny(QWEN_SPEC)) == 151936
+    local = tmp_path / "checkpoint"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": 151936}))
+    assert logits_width(ModelPreset(name="local", source=ModelSource.hub_or_path, path=str(local))) == 151936
 
 
 def test_build_is_deterministic(tmp_path: Path) -> None:
@@ -190,7 +235,9 @@ def test_resolve_model_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tin
         resolve_model_path(missing)
 
 
-def test_vllm_loads_the_tiny_model_and_matches_transformers(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_loads_the_tiny_model_and_matches_transformers(
+    tiny_dir: Path, prompt_ids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One engine start (about 10 s): greedy tokens and their logprobs agree with transformers."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -201,7 +248,7 @@ def test_vllm_loads_the_tiny_model_and_matches_transformers(tiny_dir: Path, monk
     try:
         llm = LLM(model=str(tiny_dir), dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
         params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=0)
-        (result,) = llm.generate([TokensPrompt(prompt_token_ids=PROMPT_IDS)], params, use_tqdm=False)
+        (result,) = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids)], params, use_tqdm=False)
         completion = result.outputs[0]
         vllm_ids = list(completion.token_ids)
         vllm_logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], vllm_ids, strict=True)]
@@ -210,11 +257,11 @@ def test_vllm_loads_the_tiny_model_and_matches_transformers(tiny_dir: Path, monk
         torch.set_num_threads(threads)
 
     model = create_tiny_model(TinyModelSpec())
-    ids = torch.tensor([PROMPT_IDS])
+    ids = torch.tensor([prompt_ids])
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=151643)
-        hf_ids = out[0, len(PROMPT_IDS) :].tolist()
-        logprobs = torch.log_softmax(model(out).logits[0, len(PROMPT_IDS) - 1 : -1], dim=-1)
+        out = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
+        hf_ids = out[0, len(prompt_ids) :].tolist()
+        logprobs = torch.log_softmax(model(out).logits[0, len(prompt_ids) - 1 : -1], dim=-1)
     hf_logprobs = [logprobs[i, t].item() for i, t in enumerate(hf_ids)]
 
     assert len(vllm_ids) == 5

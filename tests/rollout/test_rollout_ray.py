@@ -12,6 +12,7 @@ import pytest
 
 from diprl.game import DiplomacyGame, PowerOrders
 from diprl.policy.constraint import OrderConstraint
+from diprl.policy.models import load_preset, logits_width, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
 from diprl.rollout.episode import EpisodeConfig
@@ -30,7 +31,8 @@ def ray_cluster() -> Iterator[None]:
 
 def check_group(group: dict[str, Any], group_size: int) -> None:
     """What the learner relies on: G records, token-aligned arrays, masks rebuildable from the record."""
-    table = token_table(load_tokenizer(), 151936)
+    preset = load_preset("tiny")  # the workers' model: its tokenizer spells the completions
+    table = token_table(load_tokenizer(resolve_model_path(preset)), logits_width(preset))
     assert len(group["records"]) == group_size == len(group["returns"])
     for record in group["records"]:
         n = len(record["completion_ids"])
