@@ -500,6 +500,32 @@ class Driver:
         ]
         self.evaluator = start_evaluator(self._evaluator_config(), str(self.run_dir), num_cpus=0.1)
         self.tracker = _tracker(self.run_dir, cfg, t.wandb)
+        for policy in self.policies:
+            self._recover_learner_records(policy)
+
+    def _recover_learner_records(self, policy: str) -> int:
+        """Copy into metrics.jsonl the learner steps its checkpoint holds but this file lacks; their number.
+
+        A driver killed after the learner took (and checkpointed) a step but before logging it leaves
+        a step that counts (its checkpoint is durable) with no record here. The learner's own log has
+        it: copied with `recovered: true`, so metrics.jsonl holds every counted step once, in order.
+        """
+        from diprl.tracking import read_metrics
+
+        logged = {
+            r["step"]
+            for r in read_metrics(self.run_dir / "metrics.jsonl")
+            if r.get("kind") == "learner" and r.get("policy") == policy and isinstance(r.get("step"), int)
+        }
+        recovered = 0
+        for record in read_metrics(self.run_dir / "learner" / policy / "metrics.jsonl"):
+            step = record.get("step")
+            if isinstance(step, int) and 0 < step <= self.steps[policy] and step not in logged:
+                values = {k: v for k, v in _learner_record(record).items() if k not in ("time", "kind", "policy")}
+                self.tracker.log("learner", values | {"recovered": True}, policy)
+                logged.add(step)
+                recovered += 1
+        return recovered
 
     def _evaluator_config(self) -> Any:
         from diprl.eval.evaluator import EvaluatorConfig
@@ -695,8 +721,7 @@ class Driver:
             "rollout/groups_per_s": self._groups_per_s(),
             "queue/depth": self.queues[policy].qsize(),
         }
-        skip = ("published", "quarantined_records", "faults")
-        self.tracker.log("learner", {k: v for k, v in metrics.items() if k not in skip}, policy)
+        self.tracker.log("learner", _learner_record(metrics), policy)
         self.tracker.log("rollout", rollout, policy)
         published = metrics.get("published")
         if published:
@@ -811,6 +836,11 @@ class Driver:
             self.run_dir / "plots" / "learning_curves.png",
             title=f"{self.config.experiment}: {self.run_dir.name}",
         )
+
+
+def _learner_record(metrics: dict[str, Any]) -> dict[str, Any]:
+    """What metrics.jsonl keeps of a learner step's metrics (faults and quarantined records go in their own)."""
+    return {k: v for k, v in metrics.items() if k not in ("published", "quarantined_records", "faults")}
 
 
 def _tracker(run_dir: Path, config: Config, use_wandb: bool) -> Any:

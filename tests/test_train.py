@@ -141,6 +141,30 @@ def test_a_learner_that_fails_every_step_ends_the_run(tmp_path: Path, monkeypatc
     assert logged[-1]["stopping"] is True
 
 
+def test_a_step_checkpointed_but_never_logged_by_a_killed_driver_is_recovered(tmp_path: Path) -> None:
+    """Found in the SIGKILL test: the learner took and checkpointed step 6, the driver died before logging
+    it, and the resumed run (restored at step 6) went on at 7: metrics.jsonl lacked a step that counts."""
+    from diprl.tracking import Tracker
+    from diprl.train import Driver
+
+    config, _ = compose_config(["+experiment=smoke"])
+    driver = Driver(config, tmp_path)
+    driver.tracker = Tracker(tmp_path, {}, use_wandb=False)
+    for step in range(1, 6):
+        driver.tracker.log("learner", {"step": step, "loss": 0.1}, "main")
+    own = tmp_path / "learner" / "main" / "metrics.jsonl"
+    own.parent.mkdir(parents=True)
+    own.write_text(
+        "".join(json.dumps({"policy": "main", "step": s, "loss": 0.2, "faults": []}) + "\n" for s in range(1, 8))
+    )
+    driver.steps = {"main": 6}  # the learner restored its step-6 checkpoint; step 7 was lost with it
+    assert driver._recover_learner_records("main") == 1
+    driver.tracker.close()
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "learner"]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert records[-1]["recovered"] is True and "faults" not in records[-1]
+
+
 def test_a_new_run_refuses_a_directory_that_holds_anything(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     config, resolved = compose_config(["+experiment=smoke", f"train.run_dir={tmp_path}"])
