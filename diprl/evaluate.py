@@ -76,6 +76,7 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
         replay_dir=str(out / "replays") if config.replays else None,
         critical_supports=config.critical_supports,
         workers=config.workers,
+        sampling_seed=config.sampling_seed,
     )
     plan = Plan(config, suite)
     if config.crossplay:

@@ -27,8 +27,9 @@ class EvaluateConfig:
     games: int = 140  # multiple of 7 for an even power rotation
     max_year: int = DEFAULT_MAX_YEAR
     seed: int = 0
-    temperature: float = 1.0  # LLM seats only
+    temperature: float = 1.0  # LLM seats only; 0: greedy
     max_tokens: int = 384  # LLM seats only
+    sampling_seed: int | None = 0  # LLM seats' sample stream (same games, other samples); null: the engine's
     replays: int = 0  # write replay JSON, SVG frames and an HTML viewer for the first N games
     critical_supports: bool = True  # re-adjudicate hero supports to find critical ones
     workers: int = 1  # processes for bots-only suites
