@@ -29,7 +29,7 @@ from typing import Any
 
 from diprl.cache import cache_root
 from diprl.policy.corpus import CorpusRecipe, corpus_texts
-from diprl.policy.tokenizer import MODEL_MAX_LENGTH, QWEN3_CHAT_TEMPLATE, build_cached_dir, fingerprint
+from diprl.policy.tokenizer import build_cached_dir, chat_tokenizer_config, fingerprint
 
 COMPACT_RECIPE_VERSION = 1
 """Bump when the build below changes in a way the fingerprint cannot see (prompt wording included:
@@ -71,32 +71,8 @@ def _tokenizer_config(vocab_size: int) -> dict[str, Any]:
     BPE with Qwen's own pre-tokenizer regex and so split text differently from training.
     """
     ids = compact_token_ids(vocab_size)
-    return {
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "added_tokens_decoder": {
-            str(ids[token]): {
-                "content": token,
-                "lstrip": False,
-                "normalized": False,
-                "rstrip": False,
-                "single_word": False,
-                "special": token in COMPACT_SPECIAL_TOKENS,
-            }
-            for token in (*COMPACT_SPECIAL_TOKENS, *COMPACT_THINK_TOKENS)
-        },
-        "additional_special_tokens": ["<|im_start|>"],
-        "bos_token": None,
-        "chat_template": QWEN3_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": MODEL_MAX_LENGTH,
-        "pad_token": "<|endoftext|>",
-        "split_special_tokens": False,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "unk_token": None,
-    }
+    added = [(ids[t], t, t in COMPACT_SPECIAL_TOKENS) for t in (*COMPACT_SPECIAL_TOKENS, *COMPACT_THINK_TOKENS)]
+    return chat_tokenizer_config(added, ["<|im_start|>"], "PreTrainedTokenizerFast")
 
 
 def compact_tokenizer_fingerprint(vocab_size: int, corpus: CorpusRecipe = DEFAULT_CORPUS) -> str:

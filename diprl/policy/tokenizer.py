@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,13 +302,19 @@ def qwen_tiktoken_file() -> Path:
     return path
 
 
-def _tokenizer_config() -> dict[str, Any]:
-    """The hub's Qwen3 `tokenizer_config.json`, minus nothing that matters for loading."""
+def chat_tokenizer_config(
+    added: Sequence[tuple[int, str, bool]], additional_special: Sequence[str], tokenizer_class: str
+) -> dict[str, Any]:
+    """A `tokenizer_config.json` with Qwen3's chat template and special-token names.
+
+    `added` is (id, content, special) of every added token; the Qwen tokenizer and the compact one
+    differ only in these ids and in the class that loads them.
+    """
     return {
         "add_bos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(FIRST_ADDED_ID + i): {
+            str(token_id): {
                 "content": content,
                 "lstrip": False,
                 "normalized": False,
@@ -316,9 +322,9 @@ def _tokenizer_config() -> dict[str, Any]:
                 "single_word": False,
                 "special": special,
             }
-            for i, (content, special) in enumerate(QWEN3_ADDED_TOKENS)
+            for token_id, content, special in added
         },
-        "additional_special_tokens": [content for content, special in QWEN3_ADDED_TOKENS[1:] if special],
+        "additional_special_tokens": list(additional_special),
         "bos_token": None,
         "chat_template": QWEN3_CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
@@ -327,9 +333,18 @@ def _tokenizer_config() -> dict[str, Any]:
         "model_max_length": MODEL_MAX_LENGTH,
         "pad_token": "<|endoftext|>",
         "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer",
+        "tokenizer_class": tokenizer_class,
         "unk_token": None,
     }
+
+
+def _tokenizer_config() -> dict[str, Any]:
+    """The hub's Qwen3 `tokenizer_config.json`, minus nothing that matters for loading."""
+    return chat_tokenizer_config(
+        [(FIRST_ADDED_ID + i, content, special) for i, (content, special) in enumerate(QWEN3_ADDED_TOKENS)],
+        [content for content, special in QWEN3_ADDED_TOKENS[1:] if special],
+        "Qwen2Tokenizer",
+    )
 
 
 def _load_ranks(path: Path) -> dict[bytes, int]:
