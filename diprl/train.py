@@ -408,6 +408,7 @@ class Driver:
     def __init__(self, config: Config, run_dir: Path, verbose: bool = False) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.serve_app = serve_app_name(run_dir)  # the run's Serve application, deployment and route
         self.verbose = verbose
         self.counters = load_counters(run_dir)
         self.started = time.monotonic()
@@ -453,8 +454,8 @@ class Driver:
             adapter_root=str(adapter_root),
             adapter_cache=str((self.run_dir / ".adapter_cache").resolve()),
             adapter_registry=None,
-            name=serve_app_name(self.run_dir),
-            route_prefix=f"/{serve_app_name(self.run_dir)}",
+            name=self.serve_app,
+            route_prefix=f"/{self.serve_app}",
             log_level="INFO" if self.verbose else cfg.inference.log_level,  # the replicas' vLLM and Serve logs
         )
         self.server = serve_policy(server_config)
@@ -464,11 +465,11 @@ class Driver:
         # Restarted after a crash like every other actor; a restarted queue starts empty (its groups are
         # lost, never duplicated: the ledger's accepted ids are on disk).
         restart = {"max_restarts": -1, "max_task_retries": -1}
+        queue_names = {p: f"queue-{p}" for p in self.policies}  # the ledger finds them by name: it is restartable
         self.queues = {
-            p: Queue(maxsize=t.queue_size, actor_options={"name": f"queue-{p}", **restart}) for p in self.policies
+            p: Queue(maxsize=t.queue_size, actor_options={"name": name, **restart}) for p, name in queue_names.items()
         }
         accepted_log = str((self.run_dir / "ledger" / "accepted.txt").resolve())
-        queue_names = {p: f"queue-{p}" for p in self.policies}  # by name: the ledger is restartable
         self.ledger = GroupLedger.options(name=LEDGER).remote(queue_names, accepted_log)  # type: ignore[attr-defined]
         self.learners = {
             p: learner_actor(replace(cfg.learner, policy=p), str(self.run_dir), str(adapter_root), name=f"learner-{p}")
@@ -487,7 +488,7 @@ class Driver:
             episode=t.episode,
             reward=t.reward,
             client="serve",
-            serve_app=serve_app_name(self.run_dir),
+            serve_app=self.serve_app,
             seed=t.seed,
             train_turns=t.train_turns,
             model=cfg.model.name,
@@ -538,7 +539,7 @@ class Driver:
             seed=e.seed,
             temperature=e.temperature,
             max_tokens=self.config.train.episode.max_tokens,
-            serve_app=serve_app_name(self.run_dir),
+            serve_app=self.serve_app,
             model=self.config.model.name,
         )
 
@@ -784,7 +785,7 @@ class Driver:
         for name in t.chaos:
             if name == "policy-server":  # Serve notices the dead replica and starts another
                 for actor in ray.util.list_named_actors(all_namespaces=True):
-                    if "SERVE_REPLICA" in actor["name"] and serve_app_name(self.run_dir) in actor["name"]:
+                    if "SERVE_REPLICA" in actor["name"] and self.serve_app in actor["name"]:
                         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=False)
             else:
                 ray.kill(ray.get_actor(name), no_restart=False)
