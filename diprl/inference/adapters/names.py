@@ -11,27 +11,30 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-BASE = "base"
-"""The PolicyRef of the bare base model: no adapter, and never a valid policy name."""
+from diprl.messages import (  # noqa: F401  (BASE, MAX_VERSION, POLICY_PATTERN: re-exported for the store)
+    BASE,
+    MAX_VERSION,
+    POLICY_PATTERN,
+    VERSION_PATTERN,
+    PolicyRef,
+    UnknownPolicyRef,
+)
+from diprl.messages import validate_policy_name as _validate_policy_name
 
-MAX_VERSION = 999_999_999
-
-POLICY_PATTERN = r"[a-z][a-z0-9_-]{0,47}"
-_VERSION_PATTERN = r"[1-9][0-9]{0,8}"
-_NAME_RE = re.compile(rf"(?P<policy>{POLICY_PATTERN})@v(?P<version>{_VERSION_PATTERN})", re.ASCII)
-VERSION_DIR_RE = re.compile(rf"v(?P<version>{_VERSION_PATTERN})", re.ASCII)
 NAME_HELP = (
     "a valid name is 'base' or '<policy>@v<N>': policy is 1-48 characters of lowercase ASCII letters, digits, "
     "'_' or '-' starting with a letter, and N is a version number from 1 without leading zeros (e.g. 'main@v3')"
 )
+VERSION_DIR_RE = re.compile(rf"v(?P<version>{VERSION_PATTERN})", re.ASCII)
 
 
 class AdapterError(ValueError):
     """Anything wrong with an adapter name or version; the request fails, the replica stays up."""
 
 
-class InvalidAdapterName(AdapterError):
-    """The string is not `base` or `<policy>@v<N>` (paths, traversal, whitespace, case...)."""
+class InvalidAdapterName(AdapterError, UnknownPolicyRef):
+    """The string is not `base` or `<policy>@v<N>` (paths, traversal, whitespace, case...): the one
+    PolicyRef error (`diprl.messages.UnknownPolicyRef`), raised where an adapter was expected."""
 
 
 class UnknownAdapter(AdapterError):
@@ -70,36 +73,33 @@ class AdapterRef:
 
 
 def parse_policy_ref(name: str) -> AdapterRef | None:
-    """Parse a PolicyRef naming a model: `None` for `base`, an `AdapterRef` for `<policy>@v<N>`.
+    """A PolicyRef naming a model: `None` for `base`, an `AdapterRef` for `<policy>@v<N>`.
 
-    This is the one gate between request strings and the filesystem; every other function here
-    goes through it. Versions start at 1 and have no leading zeros so each version has exactly one
-    spelling (`p@v01` and `p@v1` cannot become two cache entries for one adapter).
+    The grammar is `diprl.messages.PolicyRef.parse` (the one parser); here anything but base or an
+    adapter version (a bot, a path, a typo) is an `InvalidAdapterName`, and paths are only ever built
+    from the returned, validated parts.
     """
-    if not isinstance(name, str):
-        raise InvalidAdapterName(f"adapter name must be a string, got {type(name).__name__}; {NAME_HELP}")
-    if name == BASE:
+    try:
+        ref = PolicyRef.parse(name)
+    except UnknownPolicyRef:
+        shown = name[:80] if isinstance(name, str) else type(name).__name__
+        raise InvalidAdapterName(f"invalid adapter name {shown!r}; {NAME_HELP}") from None
+    if ref.is_base:
         return None
-    match = _NAME_RE.fullmatch(name)
-    if match is None or match["policy"] == BASE:
-        raise InvalidAdapterName(f"invalid adapter name {name[:80]!r}; {NAME_HELP}")
-    ref = object.__new__(AdapterRef)  # fields already validated; skip __post_init__'s re-parse
-    object.__setattr__(ref, "policy", match["policy"])
-    object.__setattr__(ref, "version", int(match["version"]))
-    return ref
+    if not ref.is_adapter:
+        raise InvalidAdapterName(f"{name!r} is a rule bot, not the base model or an adapter version; {NAME_HELP}")
+    out = object.__new__(AdapterRef)  # fields already validated; skip __post_init__'s re-parse
+    object.__setattr__(out, "policy", ref.name)
+    object.__setattr__(out, "version", ref.version)
+    return out
 
 
 def validate_policy_name(policy: str) -> str:
-    """Return `policy` if it can name adapter versions (checked by `parse_policy_ref` itself)."""
-    if not isinstance(policy, str) or "@" in policy:
-        raise InvalidAdapterName(f"invalid policy name {policy!r}; {NAME_HELP}")
+    """Return `policy` if it can name adapter versions; `InvalidAdapterName` otherwise."""
     try:
-        parse_policy_ref(f"{policy}@v1")
-    except InvalidAdapterName:
-        raise InvalidAdapterName(f"invalid policy name {policy[:80]!r}; {NAME_HELP}") from None
-    if policy == BASE:
-        raise InvalidAdapterName(f"{BASE!r} is the base model and cannot be a policy name; {NAME_HELP}")
-    return policy
+        return _validate_policy_name(policy)
+    except UnknownPolicyRef:
+        raise InvalidAdapterName(f"invalid policy name {str(policy)[:80]!r}; {NAME_HELP}") from None
 
 
 def require_adapter(name: str) -> AdapterRef:

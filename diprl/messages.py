@@ -1,0 +1,338 @@
+"""The typed messages that cross a Ray boundary, and the one parser of `PolicyRef` strings.
+
+Every actor boundary speaks these types on both sides: rollout workers send `GenerationRequest`s to
+the PolicyServer and get `Generation`s back, the league hands out `Match`es and takes `MatchResult`s,
+rollout workers deliver `TrajectoryGroup`s (of `TrainingRecord`s) through the ledger into a learner's
+queue, and a worker reports each match it played as a `MatchReport`. Plain dataclasses of plain values:
+they pickle cheaply through Ray's object store and become JSON with `dataclasses.asdict` (the HTTP
+route, quarantine files, traces).
+
+A `PolicyRef` names who plays a seat, as a string: `bot:<name>` (a rule bot), `base` (the bare base
+model) or `<policy>@v<N>` (an immutable adapter version). `PolicyRef.parse` is the only code that
+reads that grammar; everything else asks the parsed object. Adapter paths are built from its
+validated parts only, so no string that reaches a server can name a file.
+
+This module is the bottom layer: it imports nothing of diprl.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+BOT_PREFIX = "bot:"
+BASE = "base"
+"""The PolicyRef of the bare base model: no adapter, and never a valid policy name."""
+
+POLICY_PATTERN = r"[a-z][a-z0-9_-]{0,47}"
+VERSION_PATTERN = r"[1-9][0-9]{0,8}"
+MAX_VERSION = 999_999_999
+_BOT_RE = re.compile(r"[a-z][a-z0-9_]{0,31}", re.ASCII)
+_ADAPTER_RE = re.compile(rf"(?P<policy>{POLICY_PATTERN})@v(?P<version>{VERSION_PATTERN})", re.ASCII)
+REF_FORMS = (
+    "'bot:<name>' (a rule bot), 'base' (the base model), or '<policy>@v<N>' (an adapter version: policy is "
+    "1-48 characters of lowercase ASCII letters, digits, '_' or '-' starting with a letter, N a version number "
+    "from 1 without leading zeros, e.g. 'main@v3')"
+)
+
+
+class UnknownPolicyRef(ValueError):
+    """A string that is not a PolicyRef, or one that names nobody here (an unknown bot, an unpublished version)."""
+
+
+class RefKind(StrEnum):
+    BOT = "bot"
+    BASE = "base"
+    ADAPTER = "adapter"
+
+
+@dataclass(frozen=True, order=True)
+class PolicyRef:
+    """A parsed PolicyRef. Build one with `PolicyRef.parse(text)`, `PolicyRef.bot_ref(name)`,
+    `PolicyRef.adapter(policy, n)` or `BASE_REF`; `str(ref)` gives the string back exactly."""
+
+    kind: RefKind
+    name: str = ""  # the bot's name, or the adapter's policy; "" for base
+    version: int = 0  # the adapter version number; 0 for bots and base
+
+    @staticmethod
+    def parse(text: object) -> PolicyRef:
+        """The one parser of the PolicyRef grammar; `UnknownPolicyRef` for anything else.
+
+        Versions start at 1 and have no leading zeros, so a version has exactly one spelling (`p@v01` and
+        `p@v1` cannot become two cache entries for one adapter).
+        """
+        if not isinstance(text, str):
+            raise UnknownPolicyRef(f"a PolicyRef must be a string, got {type(text).__name__}; use {REF_FORMS}")
+        if text == BASE:
+            return BASE_REF
+        if text.startswith(BOT_PREFIX):
+            name = text[len(BOT_PREFIX) :]
+            if _BOT_RE.fullmatch(name) is None:
+                raise UnknownPolicyRef(f"malformed bot reference {text[:80]!r}; use {REF_FORMS}")
+            return PolicyRef(RefKind.BOT, name)
+        match = _ADAPTER_RE.fullmatch(text)
+        if match is None or match["policy"] == BASE:
+            raise UnknownPolicyRef(f"invalid PolicyRef {text[:80]!r}; use {REF_FORMS}")
+        return PolicyRef(RefKind.ADAPTER, match["policy"], int(match["version"]))
+
+    @staticmethod
+    def bot_ref(name: str) -> PolicyRef:
+        return PolicyRef.parse(f"{BOT_PREFIX}{name}")
+
+    @staticmethod
+    def adapter(policy: str, version: int) -> PolicyRef:
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise UnknownPolicyRef(f"an adapter version must be an int, got {version!r}; use {REF_FORMS}")
+        return PolicyRef.parse(f"{policy}@v{version}")
+
+    @property
+    def is_bot(self) -> bool:
+        return self.kind is RefKind.BOT
+
+    @property
+    def is_base(self) -> bool:
+        return self.kind is RefKind.BASE
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.kind is RefKind.ADAPTER
+
+    @property
+    def is_llm(self) -> bool:
+        """Played by the PolicyServer (the base model or an adapter version), not by a rule bot."""
+        return self.kind is not RefKind.BOT
+
+    @property
+    def policy(self) -> str:
+        """The trained policy an adapter version belongs to ("main@v3" -> "main"); "" for base and bots."""
+        return self.name if self.is_adapter else ""
+
+    def __str__(self) -> str:
+        if self.kind is RefKind.BOT:
+            return f"{BOT_PREFIX}{self.name}"
+        if self.kind is RefKind.BASE:
+            return BASE
+        return f"{self.name}@v{self.version}"
+
+
+BASE_REF = PolicyRef(RefKind.BASE)
+
+
+def parse_ref(text: object) -> PolicyRef:
+    """`PolicyRef.parse`, as a function."""
+    return PolicyRef.parse(text)
+
+
+def policy_of(text: str) -> str:
+    """The trained policy of a PolicyRef string ("main@v3" -> "main"); "" for base, bots and malformed refs."""
+    try:
+        return PolicyRef.parse(text).policy
+    except UnknownPolicyRef:
+        return ""
+
+
+def validate_policy_name(policy: object) -> str:
+    """`policy` if it can name adapter versions (`<policy>@v1` parses), else `UnknownPolicyRef`."""
+    if not isinstance(policy, str) or "@" in policy or policy == BASE:
+        raise UnknownPolicyRef(f"invalid policy name {policy!r}; use {REF_FORMS}")
+    PolicyRef.parse(f"{policy}@v1")
+    return policy
+
+
+# ------------------------------------------------------------------------------------- generation
+LegalOrders = Mapping[str, Any]
+"""`diprl.game.legal.PowerOrders.to_dict()`: power, phase, kind, n_required, by_loc. The game layer owns
+the conversion both ways (`PowerOrders.from_dict` checks it), so this layer need not know the engine."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One LLM seat's decision: who answers, the prompt, the legal orders that constrain the answer."""
+
+    policy: str  # a PolicyRef played by the server: base or <policy>@v<N>
+    prompt: str | tuple[int, ...] | list[int]
+    legal: LegalOrders | None = None  # None: free text (no constraint)
+    temperature: float = 1.0
+    max_tokens: int = 384
+    sample_seed: int | None = None  # seeded sampling in our logits processor (reproducible evaluation)
+    reasoning_max_tokens: int | None = None
+    request_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form (the HTTP route's JSON): fields left at None are omitted."""
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        if isinstance(out["prompt"], tuple):
+            out["prompt"] = list(out["prompt"])
+        return out
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The server's answer to one request; a failed request has `error` set and nothing else to trust."""
+
+    policy: str | None
+    error: str | None = None
+    request_id: str | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # processed (masked, tempered) logprobs of token_ids
+    text: str = ""
+    finish_reason: str | None = None
+    orders: list[str] = field(default_factory=list)  # parsed from text against the legal orders
+    complete: bool = False  # every unit ordered with a legal order
+    rejected: list[list[str]] = field(default_factory=list)  # [line, reason] of each unparsed line
+
+    @property
+    def trainable(self) -> bool:
+        """A completion the learner can use: no error, and the ids it needs to recompute logprobs."""
+        return self.error is None and bool(self.token_ids) and bool(self.prompt_ids)
+
+    @property
+    def bad(self) -> bool:
+        """Failed, or not a complete legal order set (the game layer filled in defaults)."""
+        return self.error is not None or not self.complete
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def failed(policy: str | None, error: str, request_id: str | None = None) -> Generation:
+        return Generation(policy=policy, error=error, request_id=request_id)
+
+
+# ------------------------------------------------------------------------------------------ matches
+@dataclass(frozen=True)
+class Match:
+    """A game assignment from the league: who plays each power, the hero, the seed, and which seats train.
+
+    `train` lists the powers whose decisions become groups for their policy's learner: the hero, and
+    (with `rollout.train_seats=learners`) every other seat the league filled with a learner's current
+    version. Seats played by snapshots, `base` or bots are never trained. `start` names a stored start
+    state (`diprl.rollout.start_states`) the game begins from instead of spring 1901 ("" for 1901).
+    """
+
+    match_id: str
+    seats: Mapping[str, str]  # power -> PolicyRef
+    hero: str
+    seed: int
+    train: tuple[str, ...] = ()
+    start: str = ""
+
+    def __post_init__(self) -> None:
+        if self.hero not in self.seats:
+            raise ValueError(f"hero {self.hero!r} has no seat in match {self.match_id}")
+        for power in self.train:
+            if power not in self.seats:
+                raise ValueError(f"trained seat {power!r} has no seat in match {self.match_id}")
+            if not PolicyRef.parse(self.seats[power]).is_adapter:
+                raise ValueError(f"seat {power} of match {self.match_id} plays {self.seats[power]}: nothing to train")
+
+    def ref(self, power: str) -> PolicyRef:
+        return PolicyRef.parse(self.seats[power])
+
+    @property
+    def trains(self) -> bool:
+        return bool(self.train)
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """Centres and ranks of every seat at the horizon of one fork, and who played them (weight 1/G each)."""
+
+    match_id: str
+    fork: int
+    seats: Mapping[str, str]
+    hero: str
+    centres: Mapping[str, int]
+    ranks: Mapping[str, int]
+    final_phase: str
+    solo: str | None
+    forks: int = 1  # G: the league weighs each fork's result 1/G
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------ training
+@dataclass
+class TrainingRecord:
+    """One completion the learner trains on, with everything needed to recompute its logprobs.
+
+    The learner is blind to game logic: it rebuilds the constraint masks from `legal`.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behaviour_logprobs: list[float]  # vLLM processed logprobs: masked and tempered
+    legal: LegalOrders
+    advantages: list[float]  # one per completion token
+    policy_version: str
+    temperature: float
+    power: str
+    phase: str
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    order_rewards: dict[str, float] = field(default_factory=dict)  # order text -> its own reward
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrajectoryGroup:
+    """The G forks of one exact decision state for one seat: the unit of GRPO comparison.
+
+    `group_id` is `<match_id>/<phase>/<power>`: the ledger delivers each id once.
+    """
+
+    group_id: str
+    match_id: str
+    power: str
+    phase: str
+    policy_version: str
+    records: list[TrainingRecord]
+    returns: list[float]
+    advantage_std: float
+    hero: bool = True  # the seat the league asked about (the others are trained too)
+
+    @property
+    def policy(self) -> str:
+        return policy_of(self.policy_version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def group_id(match_id: str, phase: str, power: str) -> str:
+    return f"{match_id}/{phase}/{power}"
+
+
+@dataclass
+class MatchReport:
+    """What a rollout worker tells the driver about one match it played (groups went to the ledger)."""
+
+    match_id: str
+    results: list[MatchResult]
+    groups: list[str]  # ids of the groups the ledger accepted from this match
+    duplicates: int = 0  # groups the ledger had already accepted (a replayed match)
+    refused: int = 0  # groups refused because the ledger closed (the run is stopping)
+    skipped_zero_variance: int = 0
+    phases: int = 0
+    completions: int = 0
+    bad_completions: int = 0
+    untrainable_completions: int = 0
+    group_records: int = 0
+    hero_returns: list[float] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    trace: str | None = None  # path of the trace written for this match, if any
+    worker_pid: int = 0
+
+    def hero_centres(self) -> float | None:
+        """The hero's mean centres over the forks' horizons (None with no result)."""
+        if not self.results:
+            return None
+        return sum(r.centres[r.hero] for r in self.results) / len(self.results)

@@ -1,0 +1,96 @@
+"""The one PolicyRef parser and the typed messages' wire forms."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from diprl.messages import (
+    BASE_REF,
+    Generation,
+    GenerationRequest,
+    Match,
+    PolicyRef,
+    RefKind,
+    UnknownPolicyRef,
+    policy_of,
+    validate_policy_name,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "name", "version"),
+    [
+        ("bot:dumbbot", RefKind.BOT, "dumbbot", 0),
+        ("base", RefKind.BASE, "", 0),
+        ("main@v1", RefKind.ADAPTER, "main", 1),
+        ("league_exploiter@v123", RefKind.ADAPTER, "league_exploiter", 123),
+    ],
+)
+def test_parse_round_trips(text: str, kind: RefKind, name: str, version: int) -> None:
+    ref = PolicyRef.parse(text)
+    assert (ref.kind, ref.name, ref.version) == (kind, name, version)
+    assert str(ref) == text
+    assert PolicyRef.parse(str(ref)) == ref
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "Base",
+        "main",
+        "main@v0",
+        "main@v01",
+        "main@1",
+        "base@v1",
+        "../x@v1",
+        "main@v1 ",
+        "bot:",
+        "bot:Dumb",
+        "bot:../x",
+        "MAIN@v1",
+        "main@v1000000000",
+        None,
+        3,
+    ],
+)
+def test_malformed_refs_are_one_error(text: object) -> None:
+    with pytest.raises(UnknownPolicyRef):
+        PolicyRef.parse(text)
+
+
+def test_predicates_and_policy() -> None:
+    assert PolicyRef.parse("bot:random").is_bot and not PolicyRef.parse("bot:random").is_llm
+    assert BASE_REF.is_llm and BASE_REF.policy == ""
+    assert PolicyRef.parse("main@v7").policy == "main"
+    assert policy_of("main@v7") == "main" and policy_of("base") == "" and policy_of("bot:random") == ""
+    assert policy_of("not a ref") == ""
+    assert PolicyRef.adapter("main", 3) == PolicyRef.parse("main@v3")
+    with pytest.raises(UnknownPolicyRef):
+        PolicyRef.adapter("main", True)  # type: ignore[arg-type]
+    assert validate_policy_name("main") == "main"
+    for bad in ("base", "main@v1", "Main", ""):
+        with pytest.raises(UnknownPolicyRef):
+            validate_policy_name(bad)
+
+
+def test_match_checks_its_seats() -> None:
+    seats = {"FRANCE": "main@v2", "ENGLAND": "bot:random"}
+    match = Match("m0", seats, hero="FRANCE", seed=1, train=("FRANCE",))
+    assert match.trains and match.ref("ENGLAND").is_bot
+    with pytest.raises(ValueError, match="no seat"):
+        Match("m1", seats, hero="ITALY", seed=1)
+    with pytest.raises(ValueError, match="nothing to train"):
+        Match("m2", seats, hero="FRANCE", seed=1, train=("ENGLAND",))
+
+
+def test_wire_forms() -> None:
+    request = GenerationRequest(policy="base", prompt=(1, 2, 3), legal=None, sample_seed=None)
+    assert request.to_dict() == {"policy": "base", "prompt": [1, 2, 3], "temperature": 1.0, "max_tokens": 384}
+    answer = Generation(policy="base", prompt_ids=[1], token_ids=[2], logprobs=[-0.1], complete=True)
+    assert answer.trainable and not answer.bad
+    failed = Generation.failed("main@v1", "UnknownAdapter: no such version")
+    assert not failed.trainable and failed.bad
+    assert pickle.loads(pickle.dumps(answer)) == answer
