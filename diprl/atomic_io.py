@@ -50,6 +50,13 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> Path:
+    """`obj` as JSON at `path`, all at once (`write_file_atomic`); the parent directory is created."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(path, (json.dumps(obj, indent=indent, default=str) + "\n").encode())
+    return path
+
+
 def move_jsonl_records(path: Path, moved_to: Path, drop: Callable[[dict[str, Any]], bool]) -> int:
     """Move the records of a JSONL file for which `drop` is true to the end of `moved_to`; their number.
 

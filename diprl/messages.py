@@ -318,8 +318,7 @@ class MatchReport:
     match_id: str
     results: list[MatchResult]
     groups: list[str]  # ids of the groups the ledger accepted from this match
-    duplicates: int = 0  # groups the ledger had already accepted (a replayed match)
-    refused: int = 0  # groups refused because the ledger closed (the run is stopping)
+    undelivered: int = 0  # groups the ledger had already accepted (a replayed match) or refused (stopping)
     skipped_zero_variance: int = 0
     phases: int = 0
     completions: int = 0
@@ -336,3 +335,36 @@ class MatchReport:
         if not self.results:
             return None
         return sum(r.centres[r.hero] for r in self.results) / len(self.results)
+
+
+# ------------------------------------------------------------------------------------------ learner
+@dataclass
+class StepReport:
+    """What a learner tells the driver about one `train_step` (taken or not).
+
+    `trained` is False when nothing was left to train on (every group stale, every record bad, or
+    non-finite gradients skipped the update): then `step` is unchanged. `metrics` holds the numbers
+    the run's metrics log keeps (loss parts, ratios, clip fractions, entropy, times, token counts).
+    """
+
+    policy: str
+    step: int
+    trained: bool
+    version: str | None
+    published: str | None = None  # the version this step published, if any
+    checkpoint: str | None = None  # the checkpoint this step wrote, if any
+    faults: list[dict[str, Any]] = field(default_factory=list)  # failed publish/checkpoint, skipped updates
+    quarantined: list[dict[str, Any]] = field(default_factory=list)  # reason and origin of each bad record
+    metrics: dict[str, Any] = field(default_factory=dict)
+    pid: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """The metrics-log line of this step (faults and quarantined records are logged on their own)."""
+        return {
+            "step": self.step,
+            "trained": int(self.trained),
+            "version": self.version,
+            "published": self.published,
+            "checkpoint": self.checkpoint,
+            **self.metrics,
+        }

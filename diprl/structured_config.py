@@ -12,6 +12,12 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+
+class ConfigError(ValueError):
+    """A bad configuration (an unknown name, a wrong value, an inconsistent setting): reported, with what
+    is wrong, before anything starts."""
+
+
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 

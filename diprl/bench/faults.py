@@ -22,35 +22,35 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-Spoil = Callable[[dict[str, Any], Any], dict[str, Any]]
+from diprl.messages import TrainingRecord
+
+Spoil = Callable[[TrainingRecord, Any], TrainingRecord]
 
 
 def _spoilers() -> dict[str, tuple[str, Spoil]]:
     """name -> (the quarantine reason it must get, how it spoils a record)."""
 
-    def n(r: dict[str, Any]) -> int:
-        return len(r["completion_ids"])
+    def n(r: TrainingRecord) -> int:
+        return len(r.completion_ids)
+
+    def hello(t: Any) -> int:
+        return int(t.encode("Hello", add_special_tokens=False)[0])
 
     return {
-        "nan_logprob": ("nonfinite", lambda r, t: {**r, "behaviour_logprobs": [float("nan")] * n(r)}),
-        "inf_advantage": ("nonfinite", lambda r, t: {**r, "advantages": [float("inf")] * n(r)}),
-        "off_constraint": (
-            "constraint",
-            lambda r, t: {
-                **r,
-                "completion_ids": [t.encode("Hello", add_special_tokens=False)[0], *r["completion_ids"][1:]],
-            },
-        ),
-        "too_long": ("too_long", lambda r, t: {**r, "prompt_ids": r["prompt_ids"] * 8}),
-        "no_legal_orders": ("malformed", lambda r, t: {k: v for k, v in r.items() if k != "legal"}),
-        "unknown_token": ("malformed", lambda r, t: {**r, "prompt_ids": [*r["prompt_ids"][:-1], 10**9]}),
-        "greedy_temperature": ("bad_temperature", lambda r, t: {**r, "temperature": 1e-40}),
-        "missing_logprobs": ("length_mismatch", lambda r, t: {**r, "behaviour_logprobs": r["behaviour_logprobs"][:1]}),
-        "overflowing_loss": ("nonfinite_loss", lambda r, t: {**r, "advantages": [3e38] * n(r)}),
+        "nan_logprob": ("nonfinite", lambda r, t: replace(r, behaviour_logprobs=[float("nan")] * n(r))),
+        "inf_advantage": ("nonfinite", lambda r, t: replace(r, advantages=[float("inf")] * n(r))),
+        "off_constraint": ("constraint", lambda r, t: replace(r, completion_ids=[hello(t), *r.completion_ids[1:]])),
+        "too_long": ("too_long", lambda r, t: replace(r, prompt_ids=r.prompt_ids * 8)),
+        "no_legal_orders": ("malformed", lambda r, t: replace(r, legal={})),
+        "unknown_token": ("malformed", lambda r, t: replace(r, prompt_ids=[*r.prompt_ids[:-1], 10**9])),
+        "greedy_temperature": ("bad_temperature", lambda r, t: replace(r, temperature=1e-40)),
+        "missing_logprobs": ("length_mismatch", lambda r, t: replace(r, behaviour_logprobs=r.behaviour_logprobs[:1])),
+        "overflowing_loss": ("nonfinite_loss", lambda r, t: replace(r, advantages=[3e38] * n(r))),
     }
 
 
@@ -107,16 +107,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             version = learner.latest_version()
             groups = make_groups(chunk, args.forks, [version] * args.groups, learner.table, tokenizer, seed=step)
             for g_index, group in enumerate(groups):
-                group["group_id"] = f"s{step}-g{g_index}"
-                scores = learner.score(group["records"])
-                group["records"] = [
-                    {**r, "behaviour_logprobs": s} for r, s in zip(group["records"], scores, strict=True)
-                ]
+                group.group_id = f"s{step}-g{g_index}"
+                scores = learner.score(group.records)
+                group.records = [replace(r, behaviour_logprobs=s) for r, s in zip(group.records, scores, strict=True)]
                 kind = kinds[(step * args.groups + g_index) % len(kinds)]
                 reason, spoil = spoilers[kind]
                 index = (step + g_index) % args.forks
-                group["records"][index] = spoil(group["records"][index], tokenizer)
-                expected[(group["group_id"], index)] = reason
+                group.records[index] = spoil(group.records[index], tokenizer)
+                expected[(group.group_id, index)] = reason
                 good += args.forks - 1
             full_publish = step % 4 == 1
             full_checkpoint = step % 6 == 3
@@ -126,10 +124,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except Exception:
                 exceptions += 1
                 continue
-            faults += len(metrics.get("faults", []))
-            skipped += int(metrics.get("nonfinite_gradients", 0))
-            if metrics.get("published"):
-                published.append(metrics["published"])
+            faults += len(metrics.faults)
+            skipped += int(metrics.metrics.get("nonfinite_gradients", 0))
+            if metrics.published:
+                published.append(metrics.published)
                 learner.prune_versions([])
             most_versions = max(most_versions, len(learner.store.versions(config.policy)))
         quarantine = [

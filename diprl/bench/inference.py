@@ -26,36 +26,32 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from diprl.bench.constraint import mid_game_states
+from diprl.bench.vocab import tokens_of
 from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries, ray_init_options
+from diprl.messages import GenerationRequest
 
 
-def _requests(n: int, policies: Sequence[str]) -> list[dict[str, Any]]:
+def _requests(n: int, policies: Sequence[str]) -> list[GenerationRequest]:
     from diprl.policy.prompt import build_prompt
 
     states = mid_game_states(n)
     return [
-        {
-            "policy": policies[i % len(policies)],
-            "prompt": build_prompt(game, power).text,
-            "legal": game.legal_orders(power).to_dict(),
-            "temperature": 1.0,
-        }
+        GenerationRequest(
+            policy=policies[i % len(policies)],
+            prompt=build_prompt(game, power).text,
+            legal=game.legal_orders(power).to_dict(),
+            temperature=1.0,
+        )
         for i, (game, power) in enumerate(states)
     ]
 
 
-def _tokens(results: Sequence[dict[str, Any]]) -> int:
-    failed = [r["error"] for r in results if r["error"]]
-    if failed:
-        raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
-    return sum(len(r["token_ids"]) for r in results)
-
-
-def bare_engine(config: Any, requests: list[dict[str, Any]], rounds: int) -> tuple[float, float]:
+def bare_engine(config: Any, requests: list[GenerationRequest], rounds: int) -> tuple[float, float]:
     """(tokens/s of the bare async engine, seconds per request spent validating it before the engine)."""
     from diprl.inference.requests import validate_request
     from diprl.inference.server import PolicyEngine
@@ -67,11 +63,11 @@ def bare_engine(config: Any, requests: list[dict[str, Any]], rounds: int) -> tup
             best = 0.0
             for _ in range(rounds):
                 start = time.perf_counter()
-                tokens = _tokens(await engine.generate(requests))
+                tokens = tokens_of(await engine.generate(requests))
                 best = max(best, tokens / (time.perf_counter() - start))
             start = time.perf_counter()
             for request in requests:  # what every request costs before it reaches the engine
-                engine.prepare(validate_request(request, engine.limits))
+                engine.prepare(validate_request(request.to_dict(), engine.limits))
             return best, (time.perf_counter() - start) / len(requests)
         finally:
             engine.shutdown()
@@ -137,35 +133,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             handle = serve_policy(config)
             bar.update()
 
-            def through_serve(requests: list[dict[str, Any]]) -> float:
+            def through_serve(requests: list[GenerationRequest]) -> float:
                 best = 0.0
                 for _ in range(args.rounds):
                     start = time.perf_counter()
-                    tokens = _tokens(handle.generate.remote(requests).result(timeout_s=600))
+                    tokens = tokens_of(handle.generate.remote(requests).result(timeout_s=600))
                     best = max(best, tokens / (time.perf_counter() - start))
                 return best
 
             bar.set_description("one adapter vs base, through Serve")
             handle.generate.remote(base_requests[:4]).result(timeout_s=600)
             served = through_serve(base_requests)
-            single = [dict(r, policy=names[0]) for r in base_requests]
-            mixed = [dict(r, policy=names[i % 4]) for i, r in enumerate(base_requests)]
+            single = [replace(r, policy=names[0]) for r in base_requests]
+            mixed = [replace(r, policy=names[i % 4]) for i, r in enumerate(base_requests)]
             handle.generate.remote(mixed[:8]).result(timeout_s=600)  # load all four adapters first
             one_adapter = through_serve(single)
             four_adapters = through_serve(mixed)
             bar.update()
             bar.set_description("publish to served")
 
-            probe = [dict(base_requests[0], policy=names[1])]
+            probe = [replace(base_requests[0], policy=names[1])]
             start = time.perf_counter()
             handle.generate.remote(probe).result(timeout_s=600)
             warm_latency = time.perf_counter() - start
             start = time.perf_counter()
             new_name = store.publish("fresh", sources[4]).name
             publish_seconds = time.perf_counter() - start
-            result = handle.generate.remote([dict(probe[0], policy=new_name)]).result(timeout_s=600)
+            result = handle.generate.remote([replace(probe[0], policy=new_name)]).result(timeout_s=600)
             publish_to_served = time.perf_counter() - start
-            _tokens(result)
+            tokens_of(result)
             bar.update()
         finally:
             stop_serving(config.name)

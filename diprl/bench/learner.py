@@ -34,29 +34,26 @@ from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_li
 
 def make_groups(
     states: list[tuple[Any, str]], forks: int, versions: list[str], table: Any, tokenizer: Any, seed: int
-) -> list[dict[str, Any]]:
+) -> list[Any]:
+    from diprl.messages import GenerationRequest, TrainingRecord, TrajectoryGroup
     from diprl.policy.prompt import build_prompt
     from diprl.rollout.clients import UniformConstrainedClient
-    from diprl.rollout.types import TrainingRecord, TrajectoryGroup
 
     rng = random.Random(seed)
     client = UniformConstrainedClient(table, seed=seed, tokenizer=tokenizer)
     groups = []
     for i, ((game, power), version) in enumerate(zip(states, versions, strict=True)):
-        request = {
-            "policy": version,
-            "prompt": build_prompt(game, power).text,
-            "legal": game.legal_orders(power).to_dict(),
-        }
+        legal = game.legal_orders(power).to_dict()
+        request = GenerationRequest(policy=version, prompt=build_prompt(game, power).text, legal=legal)
         results = client.generate([request] * forks)
         advantages = [rng.choice([-1.0, 1.0]) for _ in results]
         records = [
             TrainingRecord(
-                r["prompt_ids"],
-                r["token_ids"],
-                r["logprobs"],
-                request["legal"],
-                [a] * len(r["token_ids"]),
+                r.prompt_ids,
+                r.token_ids,
+                r.logprobs,
+                legal,
+                [a] * len(r.token_ids),
                 version,
                 1.0,
                 power,
@@ -65,7 +62,7 @@ def make_groups(
             )
             for r, a in zip(results, advantages, strict=True)
         ]
-        groups.append(TrajectoryGroup(f"g{i}", "bench", power, game.phase, version, records, advantages, 1.0).to_dict())
+        groups.append(TrajectoryGroup(f"g{i}", "bench", power, game.phase, version, records, advantages, 1.0))
     return groups
 
 
@@ -170,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
                 "time_publish_s",
                 "time_checkpoint_s",
             ):
-                splits.setdefault(key, []).append(float(metrics[key]))
+                splits.setdefault(key, []).append(float(metrics.metrics[key]))
         learner.engine.destroy()
     total_tokens = sum(tokens_per_step)
     learner_tps = total_tokens / sum(learner_times)

@@ -23,12 +23,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from diprl.bots import make_agent
 from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries, ray_init_options
 from diprl.game import DiplomacyGame
-from diprl.rollout.types import Match, bot_name, is_bot
+from diprl.messages import Match, MatchReport, PolicyRef
 
 
 def bot_matches(n: int, seed: int) -> list[Match]:
@@ -47,7 +46,10 @@ def bare_game_layer(matches: Sequence[Match], phases: dict[str, int], max_year: 
     total, start = 0, time.perf_counter()
     for match in matches:
         rng = random.Random(match.seed)
-        agents = {p: make_agent(bot_name(ref), seed=rng.randrange(2**31)) for p, ref in sorted(match.seats.items())}
+        agents = {
+            p: make_agent(PolicyRef.parse(ref).name, seed=rng.randrange(2**31))
+            for p, ref in sorted(match.seats.items())
+        }
         game = DiplomacyGame(max_year=max_year)
         for _ in range(phases[match.match_id]):
             if game.is_done:
@@ -57,16 +59,11 @@ def bare_game_layer(matches: Sequence[Match], phases: dict[str, int], max_year: 
     return total / (time.perf_counter() - start)
 
 
-def summarise(label: str, summaries: Sequence[dict[str, Any]], wall: float) -> float:
-    phases = sum(s["phases"] for s in summaries)
-    completions = sum(s["completions"] for s in summaries)
-    stages = ("engine", "inference", "rewards", "queue")
-    per_phase = {k: 1e3 * sum(s["timings"].get(k, 0.0) for s in summaries) / max(phases, 1) for k in stages}
-    print(
-        f"\n{label}: {len(summaries)} matches, {phases} fork-phases, {completions} LLM completions, {wall:.1f} s wall"
-    )
+def summarise(label: str, reports: Sequence[MatchReport], wall: float) -> float:
+    phases = sum(r.phases for r in reports)
+    completions = sum(r.completions for r in reports)
+    print(f"\n{label}: {len(reports)} matches, {phases} fork-phases, {completions} LLM completions, {wall:.1f} s wall")
     print(f"  {phases / wall:.1f} phases/s, {completions / wall:.1f} completions/s")
-    print("  per phase (ms, summed over workers): " + ", ".join(f"{k} {v:.2f}" for k, v in per_phase.items()))
     return phases / wall
 
 
@@ -91,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="diprl-bench-rollout-"))
     episode = EpisodeConfig(group_size=args.group_size, warmup_max_phases=8, horizon_years=1, trace_fraction=0.0)
     matches = bot_matches(args.matches, args.seed)
-    assert not any(m.trains for m in matches) and all(is_bot(r) for m in matches for r in m.seats.values())
+    assert not any(m.trains for m in matches) and all(m.ref(p).is_bot for m in matches for p in m.seats)
     print(f"rollout benchmark: group size {args.group_size}, horizon 1 year, {args.workers} workers")
     connect(address="local", num_cpus=args.workers + 2, **ray_init_options(args.verbose))
     enabled = bar_enabled(args.quiet)
@@ -112,9 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     [Match(f"{m.match_id}-r{round_index}", m.seats, m.hero, m.seed) for m in matches]
                 )
                 wall = time.perf_counter() - start
-                if sum(s["phases"] for s in summaries) / wall > rollout_rate:
-                    rollout_rate, best = sum(s["phases"] for s in summaries) / wall, (summaries, wall)
-                phases = {s["match_id"].rsplit("-r", 1)[0]: s["phases"] for s in summaries}
+                if sum(s.phases for s in summaries) / wall > rollout_rate:
+                    rollout_rate, best = sum(s.phases for s in summaries) / wall, (summaries, wall)
+                phases = {s.match_id.rsplit("-r", 1)[0]: s.phases for s in summaries}
                 bar.update()
                 bar.set_description(f"bots only: round {round_index + 1} of 2, bare game layer")
                 bare_rate = max(bare_rate, bare_game_layer(matches, phases, episode.max_year))
@@ -150,8 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 wall = time.perf_counter() - start
                 bar.update()
             summarise("tiny model through the PolicyServer", model_summaries, wall)
-            bad = sum(s["bad_completions"] for s in model_summaries)
-            print(f"  bad completions: {bad}; groups delivered: {sum(s['delivered'] for s in model_summaries)}")
+            bad = sum(s.bad_completions for s in model_summaries)
+            print(f"  bad completions: {bad}; groups delivered: {sum(len(s.groups) for s in model_summaries)}")
             stop_serving("policy")
     finally:
         ray.shutdown()

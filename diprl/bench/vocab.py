@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from diprl.messages import Generation, GenerationRequest
 from diprl.policy.models import TinyModelSpec, TokenizerKind
 
 BATCHES = (4, 16, 64)
@@ -78,7 +78,15 @@ def parameters(spec: TinyModelSpec) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), spec.vocab_size * spec.hidden_size
 
 
-def _measure(path: Path, dtype: str, requests: list[dict[str, Any]], batches: Sequence[int]) -> dict[int, Rate]:
+def tokens_of(results: Sequence[Generation]) -> int:
+    """Generated tokens of a batch's results; any failed request fails the benchmark."""
+    failed = [r.error for r in results if r.error]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
+    return sum(len(r.token_ids) for r in results)
+
+
+def _measure(path: Path, dtype: str, requests: list[GenerationRequest], batches: Sequence[int]) -> dict[int, Rate]:
     from diprl.inference.config import ServerConfig
     from diprl.inference.server import PolicyEngine
 
@@ -100,11 +108,7 @@ def _measure(path: Path, dtype: str, requests: list[dict[str, Any]], batches: Se
                 tokens = 0
                 start = time.perf_counter()
                 for i in range(0, len(requests), batch):
-                    results = await engine.generate(requests[i : i + batch])
-                    failed = [r["error"] for r in results if r["error"]]
-                    if failed:
-                        raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
-                    tokens += sum(len(r["token_ids"]) for r in results)
+                    tokens += tokens_of(await engine.generate(requests[i : i + batch]))
                 seconds = time.perf_counter() - start
                 rates[batch] = Rate(tokens / seconds, len(requests) / seconds)
             return rates
@@ -116,7 +120,7 @@ def _measure(path: Path, dtype: str, requests: list[dict[str, Any]], batches: Se
 
 def compare(
     candidates: Sequence[Candidate],
-    requests: list[dict[str, Any]],
+    requests: list[GenerationRequest],
     batches: Sequence[int] = BATCHES,
     on_row: Callable[[Candidate, dict[int, Rate]], None] | None = None,
 ) -> dict[str, dict[int, Rate]]:

@@ -174,6 +174,11 @@ class Evaluator:
             sink.write(json.dumps(summary) + "\n")
         return result
 
+    def pid_of(self) -> int:
+        import os
+
+        return os.getpid()
+
     def history(self) -> list[dict[str, Any]]:
         """Every evaluation's flat summary so far, oldest first (survives restarts: read from disk)."""
         path = self.root / "metrics.jsonl"

@@ -7,8 +7,9 @@ Game `i` seats the hero on the `i % 7`-th power and fills the other six seats ro
 so two policies evaluated with the same config face the same games, and the learning benchmark can
 bootstrap paired differences of the per-game hero centres in the report.
 
-All games are played in lockstep: each step asks every rule bot locally and sends the LLM seats of
-ALL unfinished games to the policy in ONE batched `client.generate` call, then steps every game.
+All games are played in lockstep (`diprl.rollout.lockstep`, the runner training episodes use too):
+each step asks every rule bot locally and sends the LLM seats of ALL unfinished games to the policy in
+ONE batched `client.generate` call, then steps every game.
 That keeps the PolicyServer's batches full (an LLM seat waits for one batch per phase, not one per
 game) and makes a suite with LLM seats cost about as many calls as its longest game has phases.
 Several suites (crossplay, the evaluator's opponent pool) share one lockstep run through
@@ -17,12 +18,13 @@ Several suites (crossplay, the evaluator's opponent pool) share one lockstep run
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import multiprocessing as mp
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +37,9 @@ from diprl.eval.arena_games import CATEGORIES, Category, HeroGame, game_record, 
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
 from diprl.eval.refs import check_policy_ref, is_llm
 from diprl.eval.stats import mean_summary, rate_summary
-from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame, PhaseRecord
-from diprl.rollout.clients import PolicyClient
-from diprl.rollout.types import bot_name
+from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
+from diprl.messages import PolicyRef
+from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PhaseOutcome, PolicyClient, Table, drive
 
 __all__ = [
     "SEED_STRIDE",
@@ -176,48 +178,37 @@ def game_specs(config: SuiteConfig, suite: int = 0) -> list[GameSpec]:
     return specs
 
 
-class _Table:
-    """A game in progress: the engine, its rule bots, and what is measured along the way."""
+class _Measure:
+    """What one suite game measures along the way: behaviour, order issues, LLM answers, centres by year."""
 
-    def __init__(self, spec: GameSpec) -> None:
+    def __init__(self, spec: GameSpec, game: DiplomacyGame) -> None:
         self.spec = spec
-        self.game = DiplomacyGame(max_year=spec.max_year)
-        self.bots: dict[str, Agent] = {
-            power: make_agent(bot_name(ref), seat_seed(spec.seed, seat))
-            for seat, (power, ref) in enumerate(sorted(spec.seats.items()))
-            if not is_llm(ref)
-        }
-        self.tracker = BehaviourTracker(
-            spec.hero, len(self.game.centres(spec.hero)), spec.critical_supports, spec.max_year
-        )
+        self.tracker = BehaviourTracker(spec.hero, len(game.centres(spec.hero)), spec.critical_supports, spec.max_year)
         self.issues: Counter[str] = Counter()
         self.llm: Counter[str] = Counter()
         self.by_year: list[int] = []
         self.phases = 0
 
-    def answer(self, power: str, answer: dict[str, Any]) -> list[str]:
-        keys = ("requests", "hero_requests") if power == self.spec.hero else ("requests",)
-        bad = bool(answer.get("error"))
-        incomplete = not bad and not answer.get("complete", False)
-        for key in keys:
-            prefix = key[: -len("requests")]
-            self.llm[key] += 1
-            self.llm[prefix + "errors"] += bad
-            self.llm[prefix + "incomplete"] += incomplete
-        return list(answer.get("orders") or [])  # the game layer fills defaults and reports issues
-
-    def step(self, orders: dict[str, list[str]]) -> PhaseRecord:
-        record = self.game.step(orders)
+    def observe(self, outcome: PhaseOutcome) -> None:
+        for power, turn in outcome.turns.items():
+            keys = ("requests", "hero_requests") if power == self.spec.hero else ("requests",)
+            bad = turn.answer.error is not None
+            incomplete = not bad and not turn.answer.complete
+            for key in keys:
+                prefix = key[: -len("requests")]
+                self.llm[key] += 1
+                self.llm[prefix + "errors"] += bad
+                self.llm[prefix + "incomplete"] += incomplete
+        record = outcome.record
         self.phases += 1
         for issue in record.issues:
             self.issues[issue.power] += 1
         if record.name.startswith("S") and record.name.endswith("M"):
             self.by_year.append(len(record.state.get("centers", {}).get(self.spec.hero, ())))
         self.tracker.observe(record)
-        return record
 
-    def result(self) -> PlayedGame:
-        spec, game = self.spec, self.game
+    def result(self, game: DiplomacyGame) -> PlayedGame:
+        spec = self.spec
         record = game_record(game, self.phases, self.issues, {}, 0.0)
         behaviour: BehaviourCounts = self.tracker.finish(game)
         llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
@@ -235,84 +226,60 @@ class _Table:
         )
 
 
-def _request(table: _Table, power: str) -> dict[str, Any]:
-    from diprl.policy.prompt import build_prompt
-
-    game, spec = table.game, table.spec
-    request: dict[str, Any] = {
-        "policy": spec.seats[power],
-        "prompt": build_prompt(game, power).text,
-        "legal": game.legal_orders(power).to_dict(),
-        "temperature": spec.temperature,
-        "max_tokens": spec.max_tokens,
-    }
-    if spec.sampling_seed is not None:
-        request["sample_seed"] = request_seed(spec.seed, power, game.phase, spec.sampling_seed)
-    return request
-
-
 def request_seed(game_seed: int, power: str, phase: str, stream: int = 0) -> int:
     """The sampling seed of one seat's decision in one game: stable across processes and runs."""
     digest = hashlib.sha256(f"{stream}:{game_seed}:{power}:{phase}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: a non-negative int64
 
 
+def play_game(spec: GameSpec) -> Generator[Sequence[Table], Sequence[PhaseOutcome], PlayedGame]:
+    """One suite game as a lockstep job: every seat played by its PolicyRef, measured, replay written."""
+    game = DiplomacyGame(max_year=spec.max_year)
+    bots: dict[str, Agent] = {
+        power: make_agent(PolicyRef.parse(ref).name, seat_seed(spec.seed, seat))
+        for seat, (power, ref) in enumerate(sorted(spec.seats.items()))
+        if not is_llm(ref)
+    }
+    stream = spec.sampling_seed
+    seeds = None if stream is None else functools.partial(_seat_seed, spec.seed, stream)
+    table = Table(game, spec.seats, bots, spec.temperature, spec.max_tokens, seeds)
+    measure = _Measure(spec, game)
+    while not game.is_done:
+        (outcome,) = yield [table]
+        measure.observe(outcome)
+    if spec.replay_dir is not None:
+        from diprl.eval.replays import write_replay
+
+        write_replay(game, Path(spec.replay_dir), f"game{spec.index:04d}", spec.seats, spec.hero)
+    return measure.result(game)
+
+
+def _seat_seed(game_seed: int, stream: int, power: str, phase: str) -> int:
+    return request_seed(game_seed, power, phase, stream)
+
+
 def play_lockstep(
     specs: Sequence[GameSpec],
     client: PolicyClient | None,
     on_done: Callable[[PlayedGame], None] | None = None,
-    stats: Counter[str] | None = None,
+    stats: LockstepStats | None = None,
 ) -> list[PlayedGame]:
-    """Play every game of `specs` to its end, one phase of all unfinished games at a time.
+    """Play every game of `specs` to its end, all in lockstep (`diprl.rollout.lockstep`).
 
     Each step makes at most ONE `client.generate` call holding the LLM seats of all games, so a
     client sees batches as large as the suite allows. A failed request (its `error` set) costs only
     that seat's orders: the game layer replaces them with defaults and counts the issue. `stats`
-    (when given) receives `calls` and `requests` counts.
+    (when given) receives the calls and requests.
     """
-    tables = [_Table(spec) for spec in specs]
-    active = [t for t in tables if not t.game.is_done]
     played: dict[tuple[int, int], PlayedGame] = {}
-    while active:
-        orders: list[dict[str, list[str]]] = [{} for _ in active]
-        requests: list[dict[str, Any]] = []
-        where: list[tuple[int, str]] = []
-        for k, table in enumerate(active):
-            for power in table.game.orderable_powers():
-                if power in table.bots:
-                    orders[k][power] = table.bots[power].orders(table.game, power)
-                else:
-                    requests.append(_request(table, power))
-                    where.append((k, power))
-        if requests:
-            if client is None:
-                raise ValueError("these games have LLM seats: run_suite needs a PolicyClient")
-            answers = client.generate(requests)
-            if len(answers) != len(requests):
-                raise RuntimeError(f"the policy client answered {len(answers)} of {len(requests)} requests")
-            for (k, power), answer in zip(where, answers, strict=True):
-                orders[k][power] = active[k].answer(power, answer)
-            if stats is not None:
-                stats["calls"] += 1
-                stats["requests"] += len(requests)
-        for k, table in enumerate(active):
-            table.step(orders[k])
-        still = []
-        for table in active:
-            if not table.game.is_done:
-                still.append(table)
-                continue
-            result = table.result()
-            spec = table.spec
-            if spec.replay_dir is not None:
-                from diprl.eval.replays import write_replay
 
-                write_replay(table.game, Path(spec.replay_dir), f"game{spec.index:04d}", spec.seats, spec.hero)
-            played[(result.suite, result.index)] = result
-            if on_done is not None:
-                on_done(result)
-        active = still
-    return [played[(t.spec.suite, t.spec.index)] for t in tables]
+    def done(_: Job, game: PlayedGame) -> None:
+        played[(game.suite, game.index)] = game
+        if on_done is not None:
+            on_done(game)
+
+    drive(IterSource(play_game(spec) for spec in specs), client, max(1, len(specs)), done, stats=stats)
+    return [played[(spec.suite, spec.index)] for spec in specs]
 
 
 def _play_chunk(specs: Sequence[GameSpec]) -> list[PlayedGame]:
@@ -348,7 +315,7 @@ def run_suites(
         if config.replays and config.replay_dir:
             Path(config.replay_dir).mkdir(parents=True, exist_ok=True)
     workers = max(c.workers for c in configs)
-    stats: Counter[str] = Counter()
+    stats = LockstepStats()
     start = time.perf_counter()
     bar = progress_bar(len(specs), "games", enabled=None if progress else False, unit="game")
     try:
@@ -364,7 +331,7 @@ def run_suites(
 
             def done(_: PlayedGame) -> None:
                 bar.update(1)
-                bar.set_postfix(llm_calls=stats["calls"], refresh=False)
+                bar.set_postfix(llm_calls=stats.calls, refresh=False)
 
             results = play_lockstep(specs, client, on_done=done, stats=stats)
     finally:
@@ -374,8 +341,8 @@ def run_suites(
     for k, config in enumerate(configs):
         mine = sorted((g for g in results if g.suite == k), key=lambda g: g.index)
         report = summarize_suite(config, mine, wall)
-        report["timing"]["llm_calls"] = stats["calls"]
-        report["timing"]["llm_requests_all_suites"] = stats["requests"]
+        report["timing"]["llm_calls"] = stats.calls
+        report["timing"]["llm_requests_all_suites"] = stats.requests
         report["timing"]["suites_in_lockstep"] = len(configs)
         reports.append(report)
     return reports

@@ -20,16 +20,16 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from diprl.inference.adapters import BASE
+from diprl.messages import Generation, GenerationRequest
 
-Generate = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-"""`PolicyEngine.generate_one`: one request dict in, one result dict out (never raises)."""
+Generate = Callable[[GenerationRequest], Awaitable[Generation]]
+"""`PolicyEngine.generate_one`: one request in, one result out (never raises)."""
 
 
 class CompletionBody(BaseModel):
@@ -130,20 +130,21 @@ class CompletionsRoute:
             return error_response(400, f"the body is not JSON: {type(exc).__name__}: {exc}")
         except ValidationError as exc:
             return error_response(422, f"invalid completion request: {exc}")
-        fields = {"policy": body.model, "prompt": body.prompt, "max_tokens": body.max_tokens}
-        result = await self.generate({**fields, "temperature": body.temperature})
-        if result["error"]:
-            return error_response(status_of(result["error"]), result["error"])
-        prompt_tokens, completion_tokens = len(result["prompt_ids"]), len(result["token_ids"])
+        result = await self.generate(
+            GenerationRequest(
+                policy=body.model, prompt=body.prompt, max_tokens=body.max_tokens, temperature=body.temperature
+            )
+        )
+        if result.error:
+            return error_response(status_of(result.error), result.error)
+        prompt_tokens, completion_tokens = len(result.prompt_ids), len(result.token_ids)
         return JSONResponse(
             {
                 "id": f"cmpl-{uuid.uuid4().hex}",
                 "object": "text_completion",
                 "created": int(time.time()),
                 "model": body.model,
-                "choices": [
-                    {"index": 0, "text": result["text"], "finish_reason": result["finish_reason"], "logprobs": None}
-                ],
+                "choices": [{"index": 0, "text": result.text, "finish_reason": result.finish_reason, "logprobs": None}],
                 "usage": {
                     "prompt_tokens": prompt_tokens,
                     "completion_tokens": completion_tokens,

@@ -22,9 +22,10 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from diprl.inference.requests import (
     validate_batch,
     validate_request,
 )
+from diprl.messages import Generation, GenerationRequest
 from diprl.policy.constraint import OrderConstraint, ReasoningOptions
 from diprl.policy.parser import legal_complete, parse_orders
 
@@ -131,6 +133,38 @@ class LoadedAdapter:
     fingerprint: str
 
 
+class Occupancy:
+    """The time-weighted mean number of requests inside the engine while it holds any: the batch the
+    engine sees (what matches in flight and several workers are for), reported by `status`."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.last = time.monotonic()
+        self.weighted = 0.0
+        self.busy_s = 0.0
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self.inside:
+            self.weighted += self.inside * (now - self.last)
+            self.busy_s += now - self.last
+        self.last = now
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        self._tick()
+        self.inside += 1
+        try:
+            yield
+        finally:
+            self._tick()
+            self.inside -= 1
+
+    def mean(self) -> float:
+        self._tick()
+        return self.weighted / self.busy_s if self.busy_s else 0.0
+
+
 class PolicyEngine:
     """The async vLLM engine plus adapter management; the deployment is a thin shell around it."""
 
@@ -168,6 +202,7 @@ class PolicyEngine:
         self.unloads = 0
         self.dead: str | None = None  # why the engine is unusable; health checks fail from then on
         self.failed_requests = 0
+        self.occupancy = Occupancy()
 
     @staticmethod
     def _start_vllm(config: ServerConfig, model_path: str, dtype: str) -> Any:
@@ -331,76 +366,81 @@ class PolicyEngine:
         if len(allowed) == 0:
             raise RequestError("'legal' admits no first token under the order constraint")
 
-    async def generate_one(self, raw: Any) -> dict[str, Any]:
-        """One request, start to finish; never raises (every failure is this result's `error`)."""
-        policy = raw.get("policy", BASE) if isinstance(raw, dict) else None
-        result: dict[str, Any] = {"policy": policy if isinstance(policy, str) else None, "error": None}
-        if isinstance(raw, dict) and isinstance(raw.get("request_id"), str):
-            result["request_id"] = raw["request_id"]
+    async def generate_one(self, raw: GenerationRequest | dict[str, Any]) -> Generation:
+        """One request, start to finish; never raises (every failure is the result's `error`).
+
+        `raw` is a `GenerationRequest` (rollout workers, evaluation) or its wire form, a dict (the
+        HTTP route, fuzzing): both are validated field by field the same way.
+        """
+        wire = raw.to_dict() if isinstance(raw, GenerationRequest) else raw
+        policy = wire.get("policy", BASE) if isinstance(wire, dict) else None
+        request_id = wire.get("request_id") if isinstance(wire, dict) else None
+        policy = policy if isinstance(policy, str) else None
+        request_id = request_id if isinstance(request_id, str) else None
         try:
-            return await self._generate_one(raw, result)
+            return await self._generate_one(wire, policy, request_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug of ours must still cost only this request
             log.exception("unexpected failure serving one request")
-            result["error"] = f"InternalError: {_error(exc)}"
             self.failed_requests += 1
-            return result
+            return Generation.failed(policy, f"InternalError: {_error(exc)}", request_id)
 
-    async def _generate_one(self, raw: Any, result: dict[str, Any]) -> dict[str, Any]:
+    def _fail(self, policy: str | None, error: str, request_id: str | None) -> Generation:
+        self.failed_requests += 1
+        return Generation.failed(policy, error, request_id)
+
+    async def _generate_one(self, raw: Any, policy: str | None, request_id: str | None) -> Generation:
         if self.dead is not None:
-            result["error"] = f"EngineDead: this replica's engine has died ({self.dead}); Serve replaces it, retry"
-            return result
+            dead = f"EngineDead: this replica's engine has died ({self.dead}); Serve replaces it, retry"
+            return Generation.failed(policy, dead, request_id)
         try:
             # Validation and tokenisation are CPU work proportional to the prompt (0.24 s for 131k
             # characters): in a thread, so one long prompt does not stall every other request's stream.
             request, prompt_ids, params = await asyncio.to_thread(self._validate_and_prepare, raw)
             lora = await self._acquire(request.policy)
         except (AdapterError, RequestError) as exc:
-            result["error"] = _error(exc)
-            self.failed_requests += 1
-            return result
+            return self._fail(policy, _error(exc), request_id)
         engine_id = uuid.uuid4().hex  # never the client's id: two requests must never share one
         try:
-            final = await asyncio.wait_for(
-                self._run(prompt_ids, params, engine_id, lora), self.config.request_timeout_s
-            )
+            with self.occupancy.busy():
+                final = await asyncio.wait_for(
+                    self._run(prompt_ids, params, engine_id, lora), self.config.request_timeout_s
+                )
         except TimeoutError:
             with contextlib.suppress(Exception):
                 await self.engine.abort(engine_id)
-            result["error"] = f"Timeout: no answer within {self.config.request_timeout_s:g} s (request_timeout_s)"
-            self.failed_requests += 1
-            return result
+            timeout = f"Timeout: no answer within {self.config.request_timeout_s:g} s (request_timeout_s)"
+            return self._fail(policy, timeout, request_id)
         except Exception as exc:
             self._note_engine_failure(exc)
             kind = "EngineDead" if self.dead is not None else "EngineError"
-            result["error"] = f"{kind}: {_error(exc)}"
-            self.failed_requests += 1
-            return result
+            return self._fail(policy, f"{kind}: {_error(exc)}", request_id)
         finally:
             await self._release(lora)
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
-        result.update(
-            prompt_ids=list(final.prompt_token_ids or prompt_ids),
-            token_ids=token_ids,
-            logprobs=sampled_logprobs(token_ids, completion.logprobs),
-            text=completion.text,
-            finish_reason=str(completion.finish_reason),
-        )
+        fields: dict[str, Any] = {
+            "prompt_ids": list(final.prompt_token_ids or prompt_ids),
+            "token_ids": token_ids,
+            "logprobs": sampled_logprobs(token_ids, completion.logprobs),
+            "text": completion.text,
+            "finish_reason": str(completion.finish_reason),
+        }
+        error: str | None = None
         legal = request.legal
         if legal is not None:
             parsed = parse_orders(completion.text, legal)
-            result.update(
-                orders=parsed.orders,
+            fields.update(
+                orders=list(parsed.orders),
                 complete=legal_complete(parsed, legal),
                 rejected=[[r.line, str(r.reason)] for r in parsed.rejected],
             )
             if not completion.text.strip():
                 # The logits processor fails closed (EOS only) when a constraint breaks in the engine.
-                result["error"] = "ConstraintFailed: the order constraint failed inside the engine for this request"
+                error = "ConstraintFailed: the order constraint failed inside the engine for this request"
                 self.failed_requests += 1
-        return result
+        return Generation(policy=request.policy, error=error, request_id=request.request_id, **fields)
 
     async def _run(self, prompt_ids: list[int], params: Any, engine_id: str, lora: Any) -> Any:
         final = None
@@ -412,11 +452,11 @@ class PolicyEngine:
             raise RuntimeError("the engine returned no output")
         return final
 
-    async def generate(self, requests: Any) -> list[dict[str, Any]]:
+    async def generate(self, requests: Any) -> list[Generation]:
         """All requests concurrently (vLLM batches them, across adapters); one result per request, in order.
 
-        `requests` must be a list of dicts; anything else (a string, one dict) is a `RequestError`
-        for the whole call, since there is no per-request answer to give.
+        `requests` must be a list of `GenerationRequest`s (or their dict wire form); anything else (a
+        string, one request) is a `RequestError` for the whole call: there is no per-request answer to give.
         """
         batch = validate_batch(requests, self.config.max_batch)
         return list(await asyncio.gather(*(self.generate_one(r) for r in batch)))
@@ -453,7 +493,7 @@ class PolicyServer:
             self.engine.generate_one, self.config.max_body_bytes, max_ongoing=self.config.http_max_ongoing
         )
 
-    async def generate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def generate(self, requests: list[GenerationRequest]) -> list[Generation]:
         return await self.engine.generate(requests)
 
     async def limits(self) -> dict[str, Any]:
@@ -472,6 +512,8 @@ class PolicyServer:
             "replica": context.get_actor_name(),
             "actor_id": context.get_actor_id(),
             "failed_requests": self.engine.failed_requests,
+            "mean_batch": self.engine.occupancy.mean(),
+            "busy_s": self.engine.occupancy.busy_s,
             "dead": self.engine.dead,
             "engine_pids": _child_pids(),
         }

@@ -32,7 +32,7 @@ from diprl.league.payoff import Payoff, match_outcomes
 from diprl.league.persist import load_state, save_state
 from diprl.league.ratings import Ratings
 from diprl.league.snapshot import should_snapshot
-from diprl.rollout.types import Match
+from diprl.messages import Match, MatchResult
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class LeagueManager:
         counts = self.counts.setdefault(policy, {k: 0 for k in KINDS})
         counts[pick.kind] = counts.get(pick.kind, 0) + 1
         self._save()
-        return Match(match_id=match_id, seats=seats, hero=hero_power, seed=seed)
+        return Match(match_id=match_id, seats=seats, hero=hero_power, seed=seed, train=(hero_power,))
 
     def report(self, results: Sequence[Mapping[str, Any]]) -> None:
         """MatchResult dicts of played matches; the G forks of one match weigh 1/G each.
@@ -145,7 +145,7 @@ class LeagueManager:
         reported twice (a retried call) is ignored the second time.
         """
         by_match: dict[str, list[Mapping[str, Any]]] = {}
-        for result in results:
+        for result in (r.to_dict() if isinstance(r, MatchResult) else r for r in results):
             missing = [k for k in _RESULT_KEYS if k not in result]
             if missing:
                 raise ValueError(f"a MatchResult dict lacks {missing}: {dict(result)!r:.200}")
@@ -193,6 +193,11 @@ class LeagueManager:
         for match in self.pending.values():
             refs |= {str(ref) for ref in match["seats"].values()}
         return sorted(refs)
+
+    def pid_of(self) -> int:
+        import os
+
+        return os.getpid()
 
     def rating(self, ref: str) -> float | None:
         """openskill ordinal (mu - 3 sigma) of the pool member that plays `ref`, or None if none does.

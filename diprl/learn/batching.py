@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from diprl.game.legal import PowerOrders
+from diprl.messages import TrainingRecord
 from diprl.policy.constraint import ConstraintViolation, OrderConstraint
 from diprl.policy.vocab import TokenTable
 
@@ -59,29 +60,28 @@ class PreparedRecord:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
-def _describe(record: dict[str, Any], index: int) -> str:
-    return (
-        f"record {index} ({record.get('power', '?')} {record.get('phase', '?')}, {record.get('policy_version', '?')})"
-    )
+def _describe(record: TrainingRecord, index: int) -> str:
+    return f"record {index} ({record.power} {record.phase}, {record.policy_version})"
 
 
 def prepare_record(
-    record: dict[str, Any],
+    record: TrainingRecord,
     table: TokenTable,
     index: int = 0,
     *,
     need_rl_fields: bool = True,
     max_len: int | None = None,
 ) -> PreparedRecord:
-    """Validate one `TrainingRecord` dict and rebuild its masks; `BadRecord` names the record and the problem.
+    """Validate one `TrainingRecord` and rebuild its masks; `BadRecord` names the record and the problem.
 
-    `need_rl_fields` False (behaviour cloning) lets `behaviour_logprobs` and `advantages` be absent.
+    `need_rl_fields` False (behaviour cloning) ignores `behaviour_logprobs` and `advantages`. The
+    record's fields are checked, not trusted: it crossed a process boundary.
     """
     where = _describe(record, index)
     try:
-        prompt = [int(t) for t in record["prompt_ids"]]
-        completion = [int(t) for t in record["completion_ids"]]
-        legal = PowerOrders.from_dict(record["legal"])
+        prompt = [_token_id(t) for t in record.prompt_ids]
+        completion = [_token_id(t) for t in record.completion_ids]
+        legal = PowerOrders.from_dict(record.legal)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise BadRecord("malformed", f"{where}: malformed training record ({type(err).__name__}: {err})") from None
     if not prompt or not completion:
@@ -93,11 +93,9 @@ def prepare_record(
             "too_long", f"{where}: {len(prompt) + len(completion)} tokens exceed the model's max_model_len {max_len}"
         )
     try:
-        temperature = float(record.get("temperature", 1.0))
+        temperature = float(record.temperature)
     except (TypeError, ValueError):
-        raise BadRecord(
-            "bad_temperature", f"{where}: temperature {record.get('temperature')!r} is not a number"
-        ) from None
+        raise BadRecord("bad_temperature", f"{where}: temperature {record.temperature!r} is not a number") from None
     if not (MIN_TEMPERATURE <= temperature < float("inf")):
         raise BadRecord(
             "bad_temperature",
@@ -107,8 +105,8 @@ def prepare_record(
     n = len(completion)
     if need_rl_fields:
         try:
-            behaviour = [float(x) for x in record.get("behaviour_logprobs") or []]
-            advantages = [float(x) for x in record.get("advantages") or []]
+            behaviour = [float(x) for x in record.behaviour_logprobs or []]
+            advantages = [float(x) for x in record.advantages or []]
         except (TypeError, ValueError) as err:
             raise BadRecord("malformed", f"{where}: behaviour logprobs or advantages are not numbers ({err})") from None
         if len(behaviour) != n or len(advantages) != n:
@@ -125,7 +123,16 @@ def prepare_record(
         allowed = OrderConstraint(legal, table).masks_for(completion)
     except ConstraintViolation as err:
         raise BadRecord("constraint", f"{where}: completion is not one the constraint allows: {err}") from None
-    return PreparedRecord(prompt, completion, allowed, temperature, behaviour, advantages, record.get("policy_version"))
+    return PreparedRecord(
+        prompt, completion, allowed, temperature, behaviour, advantages, record.policy_version or None
+    )
+
+
+def _token_id(value: Any) -> int:
+    """A token id as an int; a bool, float or string is malformed, not silently converted."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"a token id must be an int, got {type(value).__name__} {value!r:.40}")
+    return int(value)
 
 
 def pack_by_tokens(lengths: Sequence[int], budget: int, min_batches: int = 1) -> list[list[int]]:

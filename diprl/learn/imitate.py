@@ -44,6 +44,7 @@ from diprl.learn.teacher import (
     teacher_bot,
     write_shards,
 )
+from diprl.messages import StepReport, TrainingRecord
 from diprl.policy.constraint import CLOSE_TAG, OrderConstraint
 from diprl.policy.vocab import TokenTable
 
@@ -178,7 +179,7 @@ def load_policy_model(preset_name: str, init: str | Path | None = None) -> tuple
 class RecordTrainer(Protocol):
     """What behaviour cloning needs from a trainer (`diprl.learn.Learner` is the one used)."""
 
-    def train_records(self, records: list[dict[str, Any]], objective: str = "bc") -> dict[str, Any]: ...
+    def train_records(self, records: list[TrainingRecord], objective: str = "bc") -> StepReport: ...
 
     def publish(self) -> str: ...
 
@@ -310,7 +311,7 @@ def _progress(total: int, desc: str, quiet: bool) -> Any:
 
 def train_bc(
     trainer: RecordTrainer,
-    records: Sequence[dict[str, Any]],
+    records: Sequence[TrainingRecord],
     steps: int,
     batch_size: int,
     seed: int,
@@ -328,7 +329,7 @@ def train_bc(
             rng.shuffle(epoch)
             order.extend(epoch)
         batch, order = order[:batch_size], order[batch_size:]
-        metrics = trainer.train_records([records[i] for i in batch], objective="bc")
+        metrics = trainer.train_records([records[i] for i in batch], objective="bc").record()
         history.append(metrics)
         if on_step is not None:
             on_step(metrics)

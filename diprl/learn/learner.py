@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from diprl.inference.adapters import AdapterError, AdapterStore, InvalidAdapterN
 from diprl.learn.batching import BadRecord, MicroBatch, PreparedRecord, micro_batches, prepare_record
 from diprl.learn.checkpoint import Checkpoint, CheckpointDir, Restored
 from diprl.learn.config import LearnerConfig
+from diprl.learn.intake import GroupIntake
 from diprl.learn.loss import LossStats, grpo_loss, nll_loss
 from diprl.learn.model import (
     CompletionHidden,
@@ -64,6 +65,8 @@ from diprl.learn.model import (
 )
 from diprl.learn.state_files import read_state, state_paths, write_state
 from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
+from diprl.learn.versions import VersionBook
+from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
@@ -91,7 +94,7 @@ class Screened:
     """A step's records after screening: what trains, and what was quarantined (reason, message, origin)."""
 
     prepared: list[PreparedRecord]
-    records: list[dict[str, Any]]
+    records: list[TrainingRecord]
     origins: list[Origin]
     quarantined: list[dict[str, Any]]
 
@@ -114,7 +117,12 @@ class Learner:
     """
 
     def __init__(
-        self, config: LearnerConfig, run_dir: str | Path, adapter_root: str | Path, registry: str | None = None
+        self,
+        config: LearnerConfig,
+        run_dir: str | Path,
+        adapter_root: str | Path,
+        registry: str | None = None,
+        queue: str | None = None,
     ) -> None:
         self.config = config
         self.preset = load_preset(config.model)
@@ -136,9 +144,11 @@ class Learner:
         self._checkpoint_due = False
 
         self.step = 0
-        self.version: str | None = None  # latest published "<policy>@v<N>"
+        self.versions = VersionBook(config.policy, config.max_policy_lag)
         self.weights_version: str | None = None  # the published version the current weights equal, if any
-        self.min_version = 1  # versions below this predate a reset: never trained on
+        self.intake = GroupIntake(
+            queue, self.metrics_path.parent, config.groups_per_step, holdover=max(2 * config.groups_per_step, 16)
+        )
         self.counters: dict[str, int] = {
             "groups_trained": 0,
             "records_trained": 0,
@@ -153,7 +163,6 @@ class Learner:
             "checkpoint_failures": 0,
             "versions_pruned": 0,
         }
-        self._snapshots: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.restored: Restored = self.checkpoints.newest_good()
         self.last_checkpoint: Path | None = None
 
@@ -205,6 +214,11 @@ class Learner:
         return self._registry
 
     # ------------------------------------------------------------------ public API
+    @property
+    def version(self) -> str | None:
+        """The latest published version of this policy."""
+        return self.versions.latest
+
     def latest_version(self) -> str:
         assert self.version is not None
         return self.version
@@ -217,11 +231,8 @@ class Learner:
             ref = publish_everywhere(self.store, self.config.policy, self.peft, self.registry)
         else:
             ref = self.store.publish(self.config.policy, self.peft, base_model=base_model_name(self.preset))
-        self.version = ref.name
+        self.versions.published(ref.name, lora_state(self.peft))
         self.weights_version = ref.name
-        self._snapshots[ref.name] = lora_state(self.peft)
-        while len(self._snapshots) > self.config.max_policy_lag + 1:
-            self._snapshots.popitem(last=False)
         logger.info("published %s at step %d", ref.name, self.step)
         return ref.name
 
@@ -235,26 +246,40 @@ class Learner:
         self.counters["resets"] += 1
         self.engine.destroy()
         self._build(None, seed=self.config.seed + self.counters["resets"])
-        self._snapshots.clear()
         name = self.publish()
-        ref = parse_policy_ref(name)
-        assert ref is not None
-        self.min_version = ref.version
+        self.versions.reset()
         self.save_checkpoint()
         return name
 
-    def train_step(self, groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """One GRPO optimiser step on the fresh-enough groups (TrajectoryGroup dicts); returns the metrics.
+    def train_next(self, timeout_s: float = 1.0) -> StepReport | None:
+        """One step on the next batch from this learner's own queue; None when no batch came in time.
 
-        With nothing left to train on (all stale), no step is taken: `step` is unchanged, `trained` 0.
+        A batch taken by a previous life of this learner (killed mid-step) is trained first, unless its
+        step was checkpointed (see `diprl.learn.intake`).
+        """
+        batch = self.intake.pending(self.step)
+        if batch is None:
+            batch = self.intake.take(self.versions.trainable, timeout_s)
+            if batch is None:
+                return None
+        self.intake.hold(batch, self.step + 1)
+        report = self.train_step(batch)
+        self.intake.release()
+        return report
+
+    def train_step(self, groups: Sequence[TrajectoryGroup]) -> StepReport:
+        """One GRPO optimiser step on the fresh-enough groups; returns what happened.
+
+        With nothing left to train on (all stale), no step is taken: `step` is unchanged, `trained` False.
         """
         start = time.perf_counter()
-        records: list[dict[str, Any]] = []
+        records: list[TrainingRecord] = []
         origins: list[Origin] = []
         lags: list[int] = []
-        stale = foreign = 0
+        stale, foreign = self.intake.dropped_stale, 0
+        self.intake.dropped_stale = 0
         for group in groups:
-            lag = self._lag(str(group.get("policy_version")))
+            lag = self.versions.lag(group.policy_version) if isinstance(group, TrajectoryGroup) else None
             if lag is None:
                 foreign += 1
                 continue
@@ -262,12 +287,9 @@ class Learner:
                 stale += 1
                 continue
             lags.append(lag)
-            group_records = group.get("records") or []
-            for index, record in enumerate(group_records if isinstance(group_records, list) else []):
-                if isinstance(record, dict) and not record.get("policy_version"):
-                    record = {**record, "policy_version": group["policy_version"]}
+            for index, record in enumerate(group.records):
                 records.append(record)
-                origins.append(Origin(_text(group.get("group_id")), str(group["policy_version"]), index))
+                origins.append(Origin(group.group_id, group.policy_version, index))
         self.counters["dropped_stale"] += stale
         self.counters["dropped_foreign"] += foreign
         if stale or foreign:
@@ -288,7 +310,7 @@ class Learner:
         if not records:
             return self._no_step(extra, start)
         try:
-            metrics = self._step(records, "grpo", extra, start, origins)
+            report = self._step(records, "grpo", extra, start, origins)
         except Exception as err:
             # Not a bad record (those are quarantined inside the step): keep the batch, then let the
             # caller record the fault and go on.
@@ -297,22 +319,22 @@ class Learner:
                     {
                         "reason": "learner_error",
                         "error": f"{type(err).__name__}: {err}"[:1000],
-                        "group_id": _text(g.get("group_id")),
-                        "policy_version": _text(g.get("policy_version")),
-                        "group": g,
+                        "group_id": getattr(g, "group_id", None),
+                        "policy_version": getattr(g, "policy_version", None),
+                        "group": _plain(g),
                     }
                     for g in groups
                 ]
             )
             raise
         self.counters["groups_trained"] += len(lags)
-        return metrics
+        return report
 
-    def train_records(self, records: Sequence[dict[str, Any]], objective: str = "bc") -> dict[str, Any]:
-        """One optimiser step on `records` (TrainingRecord dicts).
+    def train_records(self, records: Sequence[TrainingRecord], objective: str = "bc") -> StepReport:
+        """One optimiser step on `records`.
 
         `bc`: masked negative log-likelihood of the completions (imitation; behaviour logprobs and
-        advantages may be absent). `grpo`: the GRPO step of `train_step`, with staleness judged per record.
+        advantages are ignored). `grpo`: the GRPO step of `train_step`, with staleness judged per record.
         """
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -321,7 +343,21 @@ class Learner:
             if not records:
                 raise ValueError("train_records needs at least one record")
             return self._step(list(records), "bc", {}, start)
-        return self.train_step([{"policy_version": r.get("policy_version"), "records": [r]} for r in records])
+        return self.train_step(
+            [
+                TrajectoryGroup(
+                    group_id=f"record-{i}",
+                    match_id="",
+                    power=r.power,
+                    phase=r.phase,
+                    policy_version=r.policy_version,
+                    records=[r],
+                    returns=[],
+                    advantage_std=0.0,
+                )
+                for i, r in enumerate(records)
+            ]
+        )
 
     def prune_versions(self, keep: Iterable[str] = ()) -> list[str]:
         """Remove this policy's old versions from the AdapterStore; returns the names removed.
@@ -334,7 +370,7 @@ class Learner:
         cfg = self.config
         if cfg.keep_versions == 0:
             return []
-        protected = {*keep, *self._snapshots}
+        protected = {*keep, *self.versions.snapshots}
         if self.version is not None:
             protected.add(self.version)
         try:
@@ -344,8 +380,7 @@ class Learner:
         except OSError as err:
             logger.warning("%s: pruning old adapter versions failed (%s)", cfg.policy, err)
             return []
-        for ref in removed:
-            self._snapshots.pop(ref.name, None)
+        self.versions.forget([ref.name for ref in removed])
         self.counters["versions_pruned"] += len(removed)
         if removed:
             logger.info(
@@ -370,13 +405,16 @@ class Learner:
         )
         return self.last_checkpoint
 
+    def pid_of(self) -> int:
+        return os.getpid()
+
     def state(self) -> dict[str, Any]:
         return {
             "policy": self.config.policy,
             "step": self.step,
             "version": self.version,
             "weights_version": self.weights_version,
-            "min_version": self.min_version,
+            "min_version": self.versions.min_version,
             "counters": dict(self.counters),
             "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
             "restored_from": str(self.restored.checkpoint.path) if self.restored.checkpoint else None,
@@ -385,35 +423,22 @@ class Learner:
         }
 
     # ------------------------------------------------------------------ the step
-    def _lag(self, version: str) -> int | None:
-        """Versions between `version` and the current one; None for anything not a version of this policy."""
-        try:
-            ref = parse_policy_ref(version)
-        except InvalidAdapterName:
-            return None
-        current = parse_policy_ref(self.latest_version())
-        if ref is None or current is None or ref.policy != self.config.policy:
-            return None
-        if ref.version < self.min_version:
-            return self.config.max_policy_lag + 1 + (self.min_version - ref.version)
-        return max(0, current.version - ref.version)
-
-    def _prepare(self, records: Sequence[dict[str, Any]], rl: bool) -> list[PreparedRecord]:
+    def _prepare(self, records: Sequence[TrainingRecord], rl: bool) -> list[PreparedRecord]:
         return [
             prepare_record(r, self.table, i, need_rl_fields=rl, max_len=self.preset.max_model_len)
             for i, r in enumerate(records)
         ]
 
-    def _screen(self, records: Sequence[dict[str, Any]], origins: Sequence[Origin], rl: bool) -> Screened:
+    def _screen(self, records: Sequence[TrainingRecord], origins: Sequence[Origin], rl: bool) -> Screened:
         """Validate every record; the bad ones go to quarantine (not trained), the rest are prepared."""
         out = Screened([], [], [], [])
         for i, (record, origin) in enumerate(zip(records, origins, strict=True)):
             try:
-                if not isinstance(record, dict):
-                    raise BadRecord("malformed", f"record {i}: a {type(record).__name__}, not a TrainingRecord dict")
+                if not isinstance(record, TrainingRecord):
+                    raise BadRecord("malformed", f"record {i}: a {type(record).__name__}, not a TrainingRecord")
                 prepared = prepare_record(record, self.table, i, need_rl_fields=rl, max_len=self.preset.max_model_len)
             except BadRecord as err:
-                out.quarantined.append(_quarantine_entry(err.reason, str(err), origin, record))
+                out.quarantined.append(_quarantine_entry(err.reason, str(err), origin, _plain(record)))
                 continue
             out.prepared.append(prepared)
             out.records.append(record)
@@ -470,7 +495,7 @@ class Learner:
             load_lora_state_(self.peft, saved)
 
     @torch.no_grad()
-    def score(self, records: Sequence[dict[str, Any]]) -> list[list[float]]:
+    def score(self, records: Sequence[TrainingRecord]) -> list[list[float]]:
         """The current policy's masked, tempered logprob of every completion token of `records` (no training)."""
         prepared = self._prepare(records, rl=False)
         out: list[list[float]] = [[] for _ in prepared]
@@ -482,14 +507,14 @@ class Learner:
 
     def _weights_of(self, version: str) -> dict[str, torch.Tensor] | None:
         """LoRA weights of a published version: in-memory snapshot, else read back from the store."""
-        if version in self._snapshots:
-            return self._snapshots[version]
+        if version in self.versions.snapshots:
+            return dict(self.versions.snapshots[version])
         try:
             state = read_adapter_dir(self.store.resolve(version).path, self.peft)
         except (AdapterError, OSError, ValueError) as err:
             logger.warning("no weights for %s (%s): its ratio is taken against the current weights", version, err)
             return None
-        self._snapshots[version] = state
+        self.versions.keep(version, state)
         return state
 
     def _recompute(self, prepared: list[PreparedRecord], rl: bool) -> None:
@@ -520,26 +545,23 @@ class Learner:
 
     def _step(
         self,
-        records: list[dict[str, Any]],
+        records: list[TrainingRecord],
         objective: str,
         extra: dict[str, Any],
         start: float,
         origins: Sequence[Origin] | None = None,
-    ) -> dict[str, Any]:
+    ) -> StepReport:
         cfg = self.config
         rl = objective == "grpo"
         t0 = time.perf_counter()
         if origins is None:
-            origins = [
-                Origin(None, _text(r.get("policy_version")) if isinstance(r, dict) else None, i)
-                for i, r in enumerate(records)
-            ]
+            origins = [Origin(None, getattr(r, "policy_version", None), i) for i, r in enumerate(records)]
         screened = self._screen(records, origins, rl)
         self._record_quarantine(screened.quarantined)  # written before the step: kept whatever happens next
         quarantined = list(screened.quarantined)
         prepared = screened.prepared
         if not prepared:
-            return self._no_step({**extra, **_quarantine_metrics(quarantined)}, start)
+            return self._no_step(extra, start, quarantined)
         self._recompute(prepared, rl)
         t1 = time.perf_counter()
         total_tokens = sum(len(r.completion_ids) for r in prepared)
@@ -590,7 +612,8 @@ class Learner:
             # DeepSpeed skips the update on non-finite gradients (and clears them): no step is taken.
             self.counters["nonfinite_steps"] += 1
             logger.error("%s: non-finite gradients, optimiser step skipped (%s)", cfg.policy, stats.summary())
-            return self._no_step({**extra, **_quarantine_metrics(quarantined), "nonfinite_gradients": 1}, start)
+            fault = {"fault": "nonfinite_gradients", "step": self.step + 1}
+            return self._no_step({**extra, "nonfinite_gradients": 1}, start, quarantined, [fault])
         self.step += 1
         self.weights_version = None
         self._update_ema()
@@ -605,12 +628,7 @@ class Learner:
         self.counters["records_trained"] += len(trained)
         self.counters["tokens_trained"] += trained_tokens
         metrics: dict[str, Any] = {
-            "step": self.step,
             "objective": objective,
-            "trained": 1,
-            "published": published,
-            "checkpoint": checkpoint,
-            "version": self.version,
             "loss": loss_total,
             **stats.summary(),
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
@@ -625,13 +643,23 @@ class Learner:
             "time_publish_s": t4 - t3,
             "time_checkpoint_s": t5 - t4,
             "time_step_s": t5 - start,
-            **_quarantine_metrics(quarantined),
-            "faults": faults,
+            "quarantined": len(quarantined),
             **extra,
         }
         metrics["tokens_per_s"] = trained_tokens / max(metrics["time_step_s"], 1e-9)
-        self._log(metrics)
-        return metrics
+        return self._report(
+            StepReport(
+                policy=cfg.policy,
+                step=self.step,
+                trained=True,
+                version=self.version,
+                published=published,
+                checkpoint=checkpoint,
+                faults=faults,
+                quarantined=_origins(quarantined),
+                metrics=metrics,
+            )
+        )
 
     def _micro_loss(
         self,
@@ -735,19 +763,30 @@ class Learner:
         self._checkpoint_due = False
         return path
 
-    def _no_step(self, extra: dict[str, Any], start: float) -> dict[str, Any]:
-        metrics = {
-            "step": self.step,
-            "trained": 0,
-            "published": None,
-            "checkpoint": None,
-            "version": self.version,
-            "tokens": 0,
-            "time_step_s": time.perf_counter() - start,
-            **extra,
-        }
-        self._log(metrics)
-        return metrics
+    def _no_step(
+        self,
+        extra: dict[str, Any],
+        start: float,
+        quarantined: Sequence[dict[str, Any]] = (),
+        faults: Sequence[dict[str, Any]] = (),
+    ) -> StepReport:
+        metrics = {"tokens": 0, "time_step_s": time.perf_counter() - start, "quarantined": len(quarantined), **extra}
+        report = StepReport(
+            policy=self.config.policy,
+            step=self.step,
+            trained=False,
+            version=self.version,
+            faults=list(faults),
+            quarantined=_origins(quarantined),
+            metrics=metrics,
+        )
+        return self._report(report)
+
+    def _report(self, report: StepReport) -> StepReport:
+        """Log the step to the learner's own metrics file and return it (with this process's pid)."""
+        report.pid = os.getpid()
+        self._log(report.record())
+        return report
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -773,7 +812,7 @@ class Learner:
             "step": self.step,
             "version": self.version,
             "weights_version": self.weights_version,
-            "min_version": self.min_version,
+            "min_version": self.versions.min_version,
             "counters": dict(self.counters),
             "ema": {k: v.clone() for k, v in self.ema.items()},
             "rng": rng_state(),
@@ -784,9 +823,8 @@ class Learner:
         restore_engine_state(self.engine, read_state(checkpoint.path, ENGINE_STATE))
         state = read_state(checkpoint.path, LEARNER_STATE)
         self.step = int(state["step"])
-        self.version = state["version"]
+        self.versions.restore(state)
         self.weights_version = state["weights_version"]
-        self.min_version = int(state["min_version"])
         self.counters.update(state["counters"])
         self.ema = {k: v.float() for k, v in state["ema"].items()}
         restore_rng_state(state["rng"])
@@ -838,12 +876,14 @@ def _quarantine_entry(reason: str, error: str, origin: Origin, record: Any) -> d
     return {"reason": reason, "error": error[:1000], **asdict(origin), "record": record}
 
 
-def _quarantine_metrics(quarantined: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """`quarantined` (count) and `quarantined_records` (reason and origin of each, without the record)."""
-    return {
-        "quarantined": len(quarantined),
-        "quarantined_records": [{k: v for k, v in e.items() if k != "record"} for e in quarantined],
-    }
+def _origins(quarantined: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Reason and origin of each quarantined record, without the record (the quarantine file keeps it)."""
+    return [{k: v for k, v in e.items() if k != "record"} for e in quarantined]
+
+
+def _plain(obj: Any) -> Any:
+    """A record or group as JSON-ready data for the quarantine file (whatever it is: nothing is lost)."""
+    return asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj
 
 
 def learner_actor(
@@ -853,11 +893,13 @@ def learner_actor(
     registry: str | None = None,
     name: str | None = None,
     namespace: str | None = None,
+    queue: str | None = None,
 ) -> Any:
     """The Ray actor form: named `learner-<policy>` (get-if-exists), restarted forever, tasks retried.
 
     A restarted actor runs `__init__` again and so resumes from its newest good checkpoint; a retried
-    `train_step` then trains the same groups again, so a killed learner loses none. It asks for one
+    `train_next` then trains the batch it was training again (kept on disk, see `diprl.learn.intake`),
+    so a killed learner loses none. `queue` names the policy's queue actor it pulls its batches from. It asks for one
     GPU when `config.use_gpu`, else one CPU with DeepSpeed on its CPU accelerator.
     """
     import ray
@@ -875,4 +917,4 @@ def learner_actor(
     if namespace is not None:
         options["namespace"] = namespace
     remote_cls: Any = ray.remote(Learner)
-    return remote_cls.options(**options).remote(config, str(run_dir), str(adapter_root), registry)
+    return remote_cls.options(**options).remote(config, str(run_dir), str(adapter_root), registry, queue)

@@ -31,11 +31,11 @@ from diprl.bots import BOT_NAMES, make_agent
 from diprl.bots.base import seat_seed
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, validate_orders
 from diprl.game.orders import WAIVE
+from diprl.messages import BOT_PREFIX, PolicyRef, TrainingRecord, UnknownPolicyRef
 from diprl.policy.constraint import CLOSE_TAG, OrderConstraint
 from diprl.policy.prompt import build_prompt
 from diprl.policy.vocab import TokenTable
 
-BOT_PREFIX = "bot:"
 SPLITS = ("train", "heldout")
 TEACHER_DIR = "teacher"
 MANIFEST = "manifest.json"
@@ -58,8 +58,12 @@ class TeacherError(ValueError):
 
 def teacher_bot(teacher: str) -> str:
     """The bot name of `dumbbot` or `bot:dumbbot`; an unknown name lists the known ones."""
-    name = teacher[len(BOT_PREFIX) :] if teacher.startswith(BOT_PREFIX) else teacher
-    if name not in BOT_NAMES:
+    try:
+        ref = PolicyRef.parse(teacher if teacher.startswith(BOT_PREFIX) else f"{BOT_PREFIX}{teacher}")
+    except UnknownPolicyRef:
+        ref = None
+    name = ref.name if ref is not None else teacher
+    if ref is None or name not in BOT_NAMES:
         raise TeacherError(f"unknown teacher {teacher!r}: a teacher is a rule bot, one of {', '.join(BOT_NAMES)}")
     return name
 
@@ -140,24 +144,21 @@ class TeacherExample:
     def stratum(self) -> tuple[str, str]:
         return self.power, phase_class(PhaseKind(self.kind))
 
-    def to_training_record(self) -> dict[str, Any]:
-        """A `TrainingRecord` dict: the teacher is deterministic, so its logprobs are 0 and every
-        token has advantage 1 (behaviour cloning ignores both; GRPO code sees well-formed data)."""
+    def to_training_record(self) -> TrainingRecord:
+        """The teacher is deterministic, so its logprobs are 0 and every token has advantage 1
+        (behaviour cloning ignores both; GRPO code sees well-formed data)."""
         n = len(self.completion_ids)
-        return {
-            "prompt_ids": list(self.prompt_ids),
-            "completion_ids": list(self.completion_ids),
-            "behaviour_logprobs": [0.0] * n,
-            "legal": self.legal,
-            "advantages": [1.0] * n,
-            "policy_version": f"{BOT_PREFIX}{self.teacher}",
-            "temperature": 1.0,
-            "power": self.power,
-            "phase": self.phase,
-            "reward": 0.0,
-            "reward_components": {},
-            "order_rewards": {},
-        }
+        return TrainingRecord(
+            prompt_ids=list(self.prompt_ids),
+            completion_ids=list(self.completion_ids),
+            behaviour_logprobs=[0.0] * n,
+            legal=self.legal,
+            advantages=[1.0] * n,
+            policy_version=str(PolicyRef.bot_ref(self.teacher)),
+            temperature=1.0,
+            power=self.power,
+            phase=self.phase,
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TeacherExample:

@@ -1,7 +1,7 @@
 """Where rollouts get LLM completions: the PolicyServer deployment, or a uniform constrained sampler.
 
-Both answer a batch of requests in the PolicyServer's plain-dict schema, so an episode cannot tell
-them apart. The uniform sampler walks `OrderConstraint` with a seeded RNG (a uniformly random legal
+Both answer a batch of `GenerationRequest`s with `Generation`s, so an episode cannot tell them
+apart. The uniform sampler walks `OrderConstraint` with a seeded RNG (a uniformly random legal
 policy with exact behaviour logprobs); it lets tests and the bots-only benchmark run the whole
 rollout path without starting an engine.
 """
@@ -11,16 +11,32 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from diprl.game.legal import PowerOrders
+from diprl.messages import Generation, GenerationRequest
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.parser import legal_complete, parse_orders
 from diprl.policy.vocab import TokenTable
+from diprl.rollout.lockstep import PolicyClient
+
+CLIENTS = ("serve", "uniform")
 
 
-class PolicyClient(Protocol):
-    def generate(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
+def make_client(kind: str, serve_app: str = "policy", model: str = "tiny", seed: int = 0) -> PolicyClient:
+    """The one factory of policy clients: "serve" (the PolicyServer app `serve_app`) or "uniform" (a
+    uniformly random legal policy spelled in `model`'s tokenizer, for tests and dry runs)."""
+    if kind == "serve":
+        return ServeClient(app_name=serve_app)
+    if kind == "uniform":
+        from diprl.policy.models import load_preset, logits_width, resolve_model_path
+        from diprl.policy.tokenizer import load_tokenizer
+        from diprl.policy.vocab import token_table
+
+        preset = load_preset(model)
+        tokenizer = load_tokenizer(resolve_model_path(preset))
+        return UniformConstrainedClient(token_table(tokenizer, logits_width(preset)), seed=seed, tokenizer=tokenizer)
+    raise ValueError(f"unknown policy client {kind!r}: use one of {', '.join(CLIENTS)}")
 
 
 class ServeClient:
@@ -33,7 +49,7 @@ class ServeClient:
         self.handle = serve.get_deployment_handle(deployment or app_name, app_name=app_name)
         self.timeout_s = timeout_s
 
-    def generate(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         return list(self.handle.generate.remote(list(requests)).result(timeout_s=self.timeout_s))
 
 
@@ -45,35 +61,38 @@ class UniformConstrainedClient:
         self.rng = random.Random(seed)
         self.tokenizer = tokenizer  # to return prompt ids, as the server does; None skips it
 
-    def generate(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         return [self._one(request) for request in requests]
 
-    def _one(self, request: dict[str, Any]) -> dict[str, Any]:
-        legal = PowerOrders.from_dict(request["legal"])
+    def _one(self, request: GenerationRequest) -> Generation:
+        if request.legal is None:
+            return Generation.failed(request.policy, "RequestError: the uniform sampler needs legal orders")
+        legal = PowerOrders.from_dict(request.legal)
         constraint = OrderConstraint(legal, self.table)
+        # A seeded request is drawn from its own stream (reproducible whatever the batch), as the server does.
+        rng = self.rng if request.sample_seed is None else random.Random(request.sample_seed)
         ids: list[int] = []
         logprobs: list[float] = []
         while True:
             allowed = constraint.allowed_token_ids(ids)
             if constraint.done:
                 break
-            ids.append(int(self.rng.choice(allowed)))
+            ids.append(int(rng.choice(allowed)))
             logprobs.append(-math.log(len(allowed)))
         text = "".join(self.table.texts[i] or "" for i in ids if i != self.table.eos_id)
         parsed = parse_orders(text, legal)
-        prompt = request["prompt"]
-        return {
-            "policy": request.get("policy", "base"),
-            "error": None,
-            "prompt_ids": list(prompt) if isinstance(prompt, list) else self._encode(prompt),
-            "token_ids": ids,
-            "logprobs": logprobs,
-            "text": text,
-            "finish_reason": "stop",
-            "orders": parsed.orders,
-            "complete": legal_complete(parsed, legal),
-            "rejected": [[r.line, str(r.reason)] for r in parsed.rejected],
-        }
+        prompt = request.prompt
+        return Generation(
+            policy=request.policy,
+            prompt_ids=list(prompt) if not isinstance(prompt, str) else self._encode(prompt),
+            token_ids=ids,
+            logprobs=logprobs,
+            text=text,
+            finish_reason="stop",
+            orders=list(parsed.orders),
+            complete=legal_complete(parsed, legal),
+            rejected=[[r.line, str(r.reason)] for r in parsed.rejected],
+        )
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text)) if self.tokenizer is not None else []

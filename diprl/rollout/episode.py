@@ -1,38 +1,42 @@
-"""`Episode`: warmup, fork one exact decision state into a GRPO group, play every fork to the horizon.
+"""`Episode`: warmup, fork one exact decision state into GRPO groups, play every fork to the horizon.
 
-1. Warmup: a seeded random number of phases, every seat played by its own policy.
-2. Advance to the next movement phase where the hero has units: the decision state.
-3. Fork it G times. At that phase the hero samples G completions (one per fork); every other LLM seat
-   samples per fork too; rule bots decide locally. All LLM requests of all forks go to the policy in
-   ONE batched call per phase, then every fork steps.
-4. Play all forks to the horizon (`horizon_years` later, or the end of the game), batched the same way.
-5. Score each fork the same way (outcome at the horizon, shaping along the way, per-order rewards of
-   the hero's decision from a counterfactual re-adjudication), turn returns into group advantages and
-   per-token advantages, and emit one `TrajectoryGroup` plus a `MatchResult` per fork.
+1. Start: spring 1901, or (a configurable share of matches) a stored mid-game state
+   (`diprl.rollout.start_states`), so the policy also trains where games are won.
+2. Warmup: a seeded random number of phases, every seat played by its own policy.
+3. Advance to the next phase where the hero has a decision to fork: every movement phase, and a
+   share (`adjustment_fork_share`) of its retreat, build and disband phases.
+4. Fork that state G times and play every fork to the horizon (`horizon_years` later, or the end).
+5. Score and group: every seat in `Match.train` (the hero, and with `rollout.train_seats=learners`
+   every seat the league filled with a learner's current version) that had a decision at the forked
+   phase yields one `TrajectoryGroup` for its policy's learner: its G completions of the same state,
+   its own returns and per-order rewards, the same credit rules. Every fork yields a `MatchResult`.
 
-A bad completion never ends an episode: the game layer replaces what is not legal and reports it.
+An episode is a lockstep job (`diprl.rollout.lockstep`): it yields the games to advance by one phase
+and gets their outcomes back, so a rollout worker plays the phases of many matches (and of all their
+forks and seats) in one policy call. A bad completion never ends an episode: the game layer replaces
+what is not legal and reports it.
 """
 
 from __future__ import annotations
 
 import random
-import time
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from diprl.bots import make_agent
 from diprl.bots.base import Agent
-from diprl.game import DiplomacyGame, PhaseKind, PhaseRecord
+from diprl.game import DiplomacyGame, PhaseKind
 from diprl.game.replay import to_saved_game
 from diprl.game.scoring import ranks
-from diprl.policy.prompt import build_prompt
+from diprl.messages import Match, MatchResult, TrainingRecord, TrajectoryGroup, group_id
 from diprl.policy.vocab import TokenTable
-from diprl.rollout.clients import PolicyClient
 from diprl.rollout.credit import CreditAssigner
-from diprl.rollout.rewards import Rubric
-from diprl.rollout.types import Match, MatchResult, TrainingRecord, TrajectoryGroup, bot_name, is_bot
+from diprl.rollout.lockstep import PhaseOutcome, Table, Turn
+from diprl.rollout.rewards import Rubric, RubricScore
+from diprl.rollout.start_states import StartStates
+
+Phase = Generator[Sequence[Table], Sequence[PhaseOutcome], Any]
 
 
 @dataclass
@@ -50,217 +54,236 @@ class EpisodeConfig:
     # (the rest are played on to the next movement decision). Without it those phase kinds never get
     # a gradient: waived builds and careless disbands would never be trained away.
     adjustment_fork_share: float = 0.5
+    # Share of matches that start from a stored mid-game state instead of spring 1901 (the store
+    # covers every year to max_year and every phase kind; see diprl.rollout.start_states).
+    start_state_share: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.adjustment_fork_share <= 1.0:
-            raise ValueError(f"episode.adjustment_fork_share must be in [0, 1], got {self.adjustment_fork_share}")
+        for name in ("adjustment_fork_share", "start_state_share", "trace_fraction"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"episode.{name} must be in [0, 1], got {value}")
+        if self.horizon_years < 1:
+            raise ValueError(f"episode.horizon_years must be >= 1, got {self.horizon_years}")
+        if self.group_size < 1:
+            raise ValueError(f"episode.group_size must be >= 1, got {self.group_size}")
+        if not 0 <= self.warmup_min_phases <= self.warmup_max_phases:
+            raise ValueError(
+                f"episode.warmup_min_phases ({self.warmup_min_phases}) must be in [0, warmup_max_phases "
+                f"({self.warmup_max_phases})]"
+            )
 
 
 @dataclass
 class EpisodeOutput:
-    group: TrajectoryGroup | None
-    results: list[MatchResult]
-    trace: dict[str, Any] | None
-    skipped_zero_variance: bool
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage: engine, inference, rewards
+    groups: list[TrajectoryGroup] = field(default_factory=list)
+    results: list[MatchResult] = field(default_factory=list)
+    trace: dict[str, Any] | None = None
+    skipped_zero_variance: int = 0  # trained seats whose forks all scored the same (no comparison)
     phases: int = 0  # fork-phases stepped (each fork's phase counts once)
     completions: int = 0
     bad_completions: int = 0
-    untrainable_completions: int = 0  # hero completions with an error or no tokens: left out of the group
-    returns: list[float] = field(default_factory=list)  # the forks' returns, trained on or not
-
-
-@dataclass(frozen=True)
-class HeroTurn:
-    """One LLM seat's turn: the phase, the legal orders it was constrained by, and the server's answer."""
-
-    phase: str
-    legal: dict[str, Any]
-    answer: dict[str, Any]
+    untrainable_completions: int = 0  # completions with an error or no tokens: left out of their group
+    hero_returns: list[float] = field(default_factory=list)  # the hero's fork returns, trained on or not
 
 
 class Episode:
+    """Plays one `Match` as a lockstep job; holds the rubric, credit rules and (optional) start states."""
+
     def __init__(
-        self, config: EpisodeConfig, rubric: Rubric, credit: CreditAssigner, client: PolicyClient, table: TokenTable
+        self,
+        config: EpisodeConfig,
+        rubric: Rubric,
+        credit: CreditAssigner,
+        table: TokenTable,
+        start_states: StartStates | None = None,
     ) -> None:
+        if config.start_state_share > 0 and start_states is None:
+            raise ValueError("episode.start_state_share > 0 needs a start-state store")
         self.config = config
         self.rubric = rubric
         self.credit = credit
-        self.client = client
         self.table = table
+        self.start_states = start_states
 
-    # ---------------------------------------------------------------- play
-    def _play_phase(
-        self,
-        games: Sequence[DiplomacyGame],
-        match: Match,
-        bots: dict[str, Agent],
-        out: EpisodeOutput,
-        active: Sequence[bool] | None = None,
-    ) -> tuple[list[PhaseRecord | None], dict[tuple[int, str], HeroTurn]]:
-        """One phase of every active, unfinished game; all LLM requests of all games in one batched call.
-
-        Returns each game's phase record and, per (game index, power) LLM seat, the turn it played.
-        """
-        playing = [not g.is_done and (active is None or active[i]) for i, g in enumerate(games)]
-        orders: list[dict[str, list[str]]] = [{} for _ in games]
-        requests: list[dict[str, Any]] = []
-        where: list[tuple[int, str]] = []
-        for i, game in enumerate(games):
-            if not playing[i]:
-                continue
-            for power in game.orderable_powers():
-                ref = match.seats[power]
-                if is_bot(ref):
-                    orders[i][power] = bots[power].orders(game, power)
-                else:
-                    requests.append(
-                        {
-                            "policy": ref,
-                            "prompt": build_prompt(game, power).text,
-                            "legal": game.legal_orders(power).to_dict(),
-                            "temperature": self.config.temperature,
-                            "max_tokens": self.config.max_tokens,
-                        }
-                    )
-                    where.append((i, power))
-        start = time.perf_counter()
-        answers = self.client.generate(requests) if requests else []
-        out.timings["inference"] += time.perf_counter() - start
-        by_seat: dict[tuple[int, str], HeroTurn] = {}
-        for (i, power), request, answer in zip(where, requests, answers, strict=True):
-            by_seat[(i, power)] = HeroTurn(phase=games[i].phase, legal=request["legal"], answer=answer)
-            out.completions += 1
-            if answer.get("error") or not answer.get("complete", False):
-                out.bad_completions += 1
-            orders[i][power] = list(answer.get("orders") or [])  # the game layer fills defaults and reports
-        start = time.perf_counter()
-        records = [game.step(orders[i]) if playing[i] else None for i, game in enumerate(games)]
-        out.timings["engine"] += time.perf_counter() - start
-        out.phases += sum(r is not None for r in records)
-        return records, by_seat
-
-    def run(self, match: Match) -> EpisodeOutput:
+    def play(self, match: Match) -> Phase:
+        """The job: yields tables to step, returns the `EpisodeOutput`. Deterministic given the match's
+        seed and the policy's answers."""
         cfg = self.config
         rng = random.Random(match.seed)
-        out = EpisodeOutput(group=None, results=[], trace=None, skipped_zero_variance=False)
-        out.timings = defaultdict(float)
-        game = DiplomacyGame(max_year=cfg.max_year)
-        bots = {
-            power: make_agent(bot_name(ref), seed=rng.randrange(2**31))
-            for power, ref in sorted(match.seats.items())
-            if is_bot(ref)
-        }
+        out = EpisodeOutput()
+        game = self._start(rng)
+        bots = bots_for(match, rng)
+        table = Table(game, match.seats, bots, cfg.temperature, cfg.max_tokens)
         for _ in range(rng.randint(cfg.warmup_min_phases, cfg.warmup_max_phases)):
             if game.is_done:
                 break
-            self._play_phase([game], match, bots, out)
-        forked = False
-        for advanced in range(cfg.max_advance_phases + 1):
-            if game.is_done:
-                break
-            kind = game.legal_orders(match.hero).kind
-            if kind is PhaseKind.MOVEMENT or (kind is not PhaseKind.NONE and rng.random() < cfg.adjustment_fork_share):
-                forked = True
-                break
-            if advanced == cfg.max_advance_phases:
-                break
-            self._play_phase([game], match, bots, out)
-        if not forked:
+            self._count((yield [table]), out)
+        if not (yield from self._advance_to_decision(table, match, rng, out)):
             return out  # no decision left for the hero (eliminated, or the game ended): nothing to train
 
-        root_phase, root_year = game.phase, game.year
-        forks = [game.fork() for _ in range(cfg.group_size)]
-        _, first_turns = self._play_phase(forks, match, bots, out)
-        hero_turns: list[list[HeroTurn]] = [
-            [first_turns[(i, match.hero)]] if (i, match.hero) in first_turns else [] for i in range(len(forks))
-        ]
-        hero_answers = [turns[0].answer if turns else {} for turns in hero_turns]
-
-        def before_horizon() -> list[bool]:
-            return [not f.is_done and f.year < root_year + cfg.horizon_years for f in forks]
-
-        while any(before_horizon()):
-            _, later = self._play_phase(forks, match, bots, out, before_horizon())
-            for i in range(len(forks)):
-                if (i, match.hero) in later:
-                    hero_turns[i].append(later[(i, match.hero)])
-
-        start = time.perf_counter()
-        scores = []
-        for fork in forks:
-            # `game` is never stepped after forking: it is every fork's pre-state for the support check.
-            scores.append(self.rubric.score(game, fork, match.hero))
-        returns = [s.total for s in scores]
-        out.returns = list(returns)
-        out.results = [_match_result(match, i, f) for i, f in enumerate(forks)]
-        # A fork whose forked decision failed (an engine error, a malformed answer: the game layer
-        # played holds) is not trained, so it is not part of the baseline either: its return would
-        # shift the mean and std of the forks that are.
-        compared = [i for i, turns in enumerate(hero_turns) if turns and _trainable(turns[0].answer)]
-        out.untrainable_completions += len(forks) - len(compared)
-        advantages, std = self.credit.group_advantages([returns[i] for i in compared])
-        if advantages is None:
-            out.skipped_zero_variance = True
-        elif match.trains:
-            all_turns = self.credit.cfg.train_turns == "all"
-            records = []
-            for i, advantage in zip(compared, advantages, strict=True):
-                turns, score = hero_turns[i], scores[i]
-                for turn_index, turn in enumerate(turns if all_turns else turns[:1]):
-                    answer = turn.answer
-                    if not _trainable(answer):
-                        out.untrainable_completions += 1  # counted, never trained on, never fatal
-                        continue
-                    # Per-order rewards are scored for the forked decision only; later turns carry the
-                    # fork's group advantage alone.
-                    order_rewards = score.order_rewards if turn_index == 0 else {}
-                    token_adv = self.credit.token_advantages(
-                        advantage, answer["token_ids"], self.table.texts, answer.get("orders") or [], order_rewards
-                    )
-                    records.append(
-                        TrainingRecord(
-                            prompt_ids=list(answer["prompt_ids"]),
-                            completion_ids=list(answer["token_ids"]),
-                            behaviour_logprobs=list(answer["logprobs"]),
-                            legal=turn.legal,
-                            advantages=token_adv,
-                            policy_version=match.seats[match.hero],
-                            temperature=cfg.temperature,
-                            power=match.hero,
-                            phase=turn.phase,
-                            reward=score.total,
-                            reward_components=dict(score.components),
-                            order_rewards=dict(order_rewards),
-                        )
-                    )
-            out.group = (
-                None
-                if not records
-                else TrajectoryGroup(
-                    group_id=f"{match.match_id}/{root_phase}",
-                    match_id=match.match_id,
-                    hero=match.hero,
-                    phase=root_phase,
-                    policy_version=match.seats[match.hero],
-                    records=records,
-                    returns=[returns[i] for i in compared],
-                    advantage_std=std,
-                )
-            )
-        out.timings["rewards"] += time.perf_counter() - start
+        forks = [Table(game.fork(), match.seats, bots, cfg.temperature, cfg.max_tokens) for _ in range(cfg.group_size)]
+        turns: list[dict[str, list[Turn]]] = [{} for _ in forks]
+        first = yield from self._play_to_horizon(forks, game.year + cfg.horizon_years, turns, out)
+        # `game` is never stepped after forking: it is every fork's pre-state for the per-order scores.
+        scored = dict.fromkeys((match.hero, *match.train))
+        scores = {power: [self.rubric.score(game, f.game, power) for f in forks] for power in scored}
+        out.hero_returns = [s.total for s in scores[match.hero]]
+        out.results = [_match_result(match, i, f.game, len(forks)) for i, f in enumerate(forks)]
+        advantages: dict[str, list[float | None]] = {}
+        for power in match.train:
+            group, adv = self._group(match, power, game.phase, turns, scores[power], first, out)
+            advantages[power] = adv
+            if group is not None:
+                out.groups.append(group)
         if rng.random() < cfg.trace_fraction:
-            out.trace = _trace(match, root_phase, forks, hero_answers, scores, returns)
-        out.timings = dict(out.timings)
+            out.trace = _trace(match, game.phase, forks, turns, scores, advantages)
         return out
 
+    # ---------------------------------------------------------------- stages
+    def _start(self, rng: random.Random) -> DiplomacyGame:
+        cfg = self.config
+        if self.start_states is not None and cfg.start_state_share > 0 and rng.random() < cfg.start_state_share:
+            return DiplomacyGame.from_state(self.start_states.sample(rng), max_year=cfg.max_year)
+        return DiplomacyGame(max_year=cfg.max_year)
 
-def _trainable(answer: Mapping[str, Any]) -> bool:
-    """A completion the learner can use: no error, and the ids it needs to recompute logprobs."""
-    return not answer.get("error") and bool(answer.get("token_ids")) and bool(answer.get("prompt_ids"))
+    def _advance_to_decision(
+        self, table: Table, match: Match, rng: random.Random, out: EpisodeOutput
+    ) -> Generator[Sequence[Table], Sequence[PhaseOutcome], bool]:
+        """Play on to the hero's next forked decision; False when none comes within `max_advance_phases`."""
+        cfg = self.config
+        for advanced in range(cfg.max_advance_phases + 1):
+            if table.game.is_done:
+                return False
+            kind = table.game.legal_orders(match.hero).kind
+            if kind is PhaseKind.MOVEMENT or (kind is not PhaseKind.NONE and rng.random() < cfg.adjustment_fork_share):
+                return True
+            if advanced == cfg.max_advance_phases:
+                return False
+            self._count((yield [table]), out)
+        return False
+
+    def _play_to_horizon(
+        self, forks: Sequence[Table], horizon_year: int, turns: list[dict[str, list[Turn]]], out: EpisodeOutput
+    ) -> Generator[Sequence[Table], Sequence[PhaseOutcome], list[dict[str, Turn]]]:
+        """Every fork played to `horizon_year` (or its end); each seat's turns collected per fork.
+
+        Returns the turns of the forked phase itself (fork -> power -> turn): the decisions compared.
+        """
+        first: list[dict[str, Turn]] = []
+        while True:
+            playing = [k for k, f in enumerate(forks) if not f.game.is_done and f.game.year < horizon_year]
+            if not playing:
+                return first
+            outcomes = yield [forks[k] for k in playing]
+            self._count(outcomes, out)
+            for k, outcome in zip(playing, outcomes, strict=True):
+                for power, turn in outcome.turns.items():
+                    turns[k].setdefault(power, []).append(turn)
+            if not first:
+                first = [dict(o.turns) for o in outcomes]
+
+    def _count(self, outcomes: Sequence[PhaseOutcome], out: EpisodeOutput) -> None:
+        out.phases += len(outcomes)
+        for outcome in outcomes:
+            for turn in outcome.turns.values():
+                out.completions += 1
+                out.bad_completions += turn.answer.bad
+
+    def _group(
+        self,
+        match: Match,
+        power: str,
+        phase: str,
+        turns: Sequence[Mapping[str, list[Turn]]],
+        scores: Sequence[RubricScore],
+        first: Sequence[Mapping[str, Turn]],
+        out: EpisodeOutput,
+    ) -> tuple[TrajectoryGroup | None, list[float | None]]:
+        """`power`'s group: its forked completions compared by its own returns; and each fork's advantage.
+
+        A fork whose forked decision failed (an engine error, a malformed answer: the game layer played
+        holds) is not trained, so it is not part of the baseline either: its return would shift the
+        mean and std of the forks that are. A seat with nothing to order at the forked phase has no group.
+        """
+        deciding = [k for k in range(len(first)) if power in first[k]]
+        if not deciding:
+            return None, [None] * len(first)
+        compared = [k for k in deciding if first[k][power].answer.trainable]
+        out.untrainable_completions += len(deciding) - len(compared)
+        returns = [scores[k].total for k in compared]
+        advantages, std = self.credit.group_advantages(returns)
+        per_fork: list[float | None] = [None] * len(first)
+        if advantages is None:
+            out.skipped_zero_variance += 1
+            return None, per_fork
+        version = match.seats[power]
+        records: list[TrainingRecord] = []
+        all_turns = self.credit.cfg.train_turns == "all"
+        for k, advantage in zip(compared, advantages, strict=True):
+            per_fork[k] = advantage
+            score = scores[k]
+            for index, turn in enumerate(turns[k][power] if all_turns else [first[k][power]]):
+                if not turn.answer.trainable:
+                    out.untrainable_completions += 1  # counted, never trained on, never fatal
+                    continue
+                # Per-order rewards are scored for the forked decision only; later turns carry the
+                # fork's group advantage alone.
+                order_rewards = score.order_rewards if index == 0 else {}
+                records.append(self._record(turn, advantage, order_rewards, version, power, score))
+        if not records:
+            return None, per_fork
+        group = TrajectoryGroup(
+            group_id=group_id(match.match_id, phase, power),
+            match_id=match.match_id,
+            power=power,
+            phase=phase,
+            policy_version=version,
+            records=records,
+            returns=returns,
+            advantage_std=std,
+            hero=power == match.hero,
+        )
+        return group, per_fork
+
+    def _record(
+        self,
+        turn: Turn,
+        advantage: float,
+        order_rewards: Mapping[str, float],
+        version: str,
+        power: str,
+        score: RubricScore,
+    ) -> TrainingRecord:
+        answer = turn.answer
+        return TrainingRecord(
+            prompt_ids=list(answer.prompt_ids),
+            completion_ids=list(answer.token_ids),
+            behaviour_logprobs=list(answer.logprobs),
+            legal=turn.legal,
+            advantages=self.credit.token_advantages(
+                advantage, answer.token_ids, self.table.texts, answer.orders, order_rewards
+            ),
+            policy_version=version,
+            temperature=self.config.temperature,
+            power=power,
+            phase=turn.phase,
+            reward=score.total,
+            reward_components=dict(score.components),
+            order_rewards=dict(order_rewards),
+        )
 
 
-def _match_result(match: Match, fork: int, game: DiplomacyGame) -> MatchResult:
+def bots_for(match: Match, rng: random.Random) -> dict[str, Agent]:
+    """The rule agents of a match's bot seats, seeded from `rng` in sorted power order."""
+    return {
+        power: make_agent(match.ref(power).name, seed=rng.randrange(2**31))
+        for power in sorted(match.seats)
+        if match.ref(power).is_bot
+    }
+
+
+def _match_result(match: Match, fork: int, game: DiplomacyGame, forks: int) -> MatchResult:
     centres = game.centre_counts()
     return MatchResult(
         match_id=match.match_id,
@@ -271,31 +294,56 @@ def _match_result(match: Match, fork: int, game: DiplomacyGame) -> MatchResult:
         ranks=ranks(centres),
         final_phase=game.phase,
         solo=game.solo_winner(),
+        forks=forks,
     )
 
 
 def _trace(
     match: Match,
-    root_phase: str,
-    forks: Sequence[DiplomacyGame],
-    answers: Sequence[dict[str, Any]],
-    scores: Sequence[Any],
-    returns: Sequence[float],
+    phase: str,
+    forks: Sequence[Table],
+    turns: Sequence[Mapping[str, list[Turn]]],
+    scores: Mapping[str, Sequence[RubricScore]],
+    advantages: Mapping[str, Sequence[float | None]],
 ) -> dict[str, Any]:
-    """What a person needs to read an episode: replay, the hero's completions and every reward."""
-    return {
-        "match": {"match_id": match.match_id, "seats": match.seats, "hero": match.hero, "seed": match.seed},
-        "decision_phase": root_phase,
-        "forks": [
+    """What a person needs to read an episode: each fork's replay, every LLM seat's completion at the
+    forked phase, every scored seat's return, and the trained seats' per-order rewards and advantages."""
+    hero = match.hero
+    out_forks = []
+    for k, fork in enumerate(forks):
+        at_fork = {power: seat[0] for power, seat in turns[k].items() if seat and seat[0].phase == phase}
+        hero_turn = at_fork.get(hero)
+        out_forks.append(
             {
-                "completion": answer.get("text"),
-                "orders": answer.get("orders"),
-                "complete": answer.get("complete"),
-                "return": ret,
-                "components": dict(score.components),
-                "order_rewards": dict(score.order_rewards),
-                "replay": to_saved_game(fork, game_id=f"{match.match_id}-fork{i}"),
+                "completion": hero_turn.answer.text if hero_turn else None,
+                "orders": hero_turn.answer.orders if hero_turn else None,
+                "complete": hero_turn.answer.complete if hero_turn else None,
+                "return": scores[hero][k].total,
+                "components": dict(scores[hero][k].components),
+                "order_rewards": dict(scores[hero][k].order_rewards),
+                "advantage": advantages.get(hero, [None] * len(forks))[k],
+                "seats": {
+                    power: {
+                        "completion": turn.answer.text,
+                        "orders": turn.answer.orders,
+                        "return": scores[power][k].total if power in scores else None,
+                        "order_rewards": dict(scores[power][k].order_rewards) if power in scores else {},
+                        "advantage": advantages[power][k] if power in advantages else None,
+                        "trained": power in advantages,
+                    }
+                    for power, turn in sorted(at_fork.items())
+                },
+                "replay": to_saved_game(fork.game, game_id=f"{match.match_id}-fork{k}"),
             }
-            for i, (fork, answer, score, ret) in enumerate(zip(forks, answers, scores, returns, strict=True))
-        ],
+        )
+    return {
+        "match": {
+            "match_id": match.match_id,
+            "seats": dict(match.seats),
+            "hero": hero,
+            "seed": match.seed,
+            "train": list(match.train),
+        },
+        "decision_phase": phase,
+        "forks": out_forks,
     }

@@ -1,26 +1,33 @@
-"""Ray actors that run episodes and deliver their groups exactly once into a bounded queue.
+"""Ray actors that play matches many at a time and deliver their groups exactly once into bounded queues.
 
-- `RolloutWorker` (CPU actor, restarted after a crash) plays one `Match` per call. Ray retries a call
-  that a crash interrupted on the restarted worker; the retry replays the same match (same seed).
-- `GroupLedger` (async actor, restarted after a crash) is the only way into the learner's
-  `ray.util.queue.Queue`: it remembers every group id it accepted (in an fsynced append-only file in
-  the run directory when given one, so a restarted ledger still knows them), so a retried match whose
-  group was already delivered is dropped, and a match that crashed before delivering is delivered by
-  its retry. Its `put` waits while the queue is full: backpressure instead of unbounded memory. Once
-  the driver stops consuming it calls `close()`: waiting deliveries return False (refused, not
-  accepted: nothing half-delivered) instead of blocking their workers forever.
-- `RolloutRunner` (driver side) hands out matches with the hero's power stratified, collects the
-  match results (to a JSONL sink in the run directory until the league manager exists) and writes
-  the sampled traces.
+- `RolloutWorker` (CPU actor, restarted after a crash) keeps up to `matches_in_flight` matches going:
+  each `play(match)` call hands a match to the worker's lockstep loop (a thread of its own, see
+  `diprl.rollout.lockstep`), which plays one phase of every in-flight match, every fork and every LLM
+  seat in ONE PolicyServer call, and starts the next match as one ends, so the engine's batch stays
+  full. The call returns the match's `MatchReport` once its groups are delivered. Calls run
+  concurrently (a threaded actor), so a call blocked on a full queue (backpressure) never stalls the
+  loop. When the worker dies, Ray retries every interrupted call on the restarted worker: each match
+  is replayed with its seed, and the ledger drops any group it already accepted.
+- `GroupLedger` (async actor, restarted after a crash) is the only way into the learners' queues: it
+  routes each `TrajectoryGroup` to the queue of its policy (`main@v3` -> `main`), remembers every
+  group id it accepted (ids are `<match>/<phase>/<power>`; in an fsynced append-only file when given
+  one, so a restarted ledger still knows them), and waits while a queue is full: backpressure instead
+  of unbounded memory. Once the run stops consuming, `close()` makes waiting deliveries return
+  refused (nothing half-delivered) instead of blocking their workers forever.
+- `play_matches` plays matches in this process (tests, benchmarks, no Ray); `RolloutRunner` drives a
+  few workers from a script (benchmarks, tests).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import re
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,9 +35,11 @@ from typing import Any
 import ray
 from ray.util.queue import Full, Queue
 
+from diprl.atomic_io import write_file_atomic
 from diprl.game import DiplomacyGame
-from diprl.rollout.episode import Episode, EpisodeConfig
-from diprl.rollout.types import Match
+from diprl.messages import Match, MatchReport, TrajectoryGroup
+from diprl.rollout.episode import Episode, EpisodeConfig, EpisodeOutput
+from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PolicyClient, QueueSource, drive
 
 CLOSE_POLL_S = 1.0  # how often a delivery waiting on a full queue checks whether the ledger was closed
 
@@ -44,23 +53,66 @@ class WorkerConfig:
     seed: int = 0
     train_turns: str | None = None  # overrides the reward config's credit.train_turns (fork | all)
     model: str = "tiny"  # the served model's preset: its tokenizer and logits width spell the completions
+    matches_in_flight: int = 8  # matches one worker plays in lockstep (one policy call per phase for all)
+    trace_dir: str | None = None  # where sampled traces are written (<trace_dir>/<match_id>.json); None: not kept
 
 
 def stratified_matches(
     n: int, hero_policy: str, opponents: Sequence[str], seed: int = 0, prefix: str = "m"
 ) -> Iterator[Match]:
     """Matches whose hero power cycles through all seven powers, so every batch covers every start."""
+    from diprl.messages import PolicyRef
+
     powers = DiplomacyGame().powers
+    trains = PolicyRef.parse(hero_policy).is_adapter
     for i in range(n):
         hero = powers[i % len(powers)]
         others = [p for p in powers if p != hero]
         seats = {hero: hero_policy} | {p: opponents[(i + j) % len(opponents)] for j, p in enumerate(others)}
-        yield Match(match_id=f"{prefix}{seed}-{i}", seats=seats, hero=hero, seed=seed * 1_000_003 + i)
+        yield Match(
+            match_id=f"{prefix}{seed}-{i}", seats=seats, hero=hero, seed=seed * 1_000_003 + i, train=(hero,) * trains
+        )
 
 
-def policy_of(version: str) -> str:
-    """The trained policy a version belongs to: "main@v3" -> "main"; "base" and bots have none ("")."""
-    return version.split("@", 1)[0] if "@" in version else ""
+def make_episode(config: WorkerConfig) -> Episode:
+    """The episode a worker plays: rubric and credit from the reward config, the model's token table."""
+    from diprl.policy.models import load_preset, logits_width, resolve_model_path
+    from diprl.policy.tokenizer import load_tokenizer
+    from diprl.policy.vocab import token_table
+    from diprl.rollout.credit import CreditAssigner
+    from diprl.rollout.rewards import Rubric, load_reward_config
+
+    preset = load_preset(config.model)
+    table = token_table(load_tokenizer(resolve_model_path(preset)), logits_width(preset))
+    reward = load_reward_config(config.reward)
+    if config.train_turns is not None:
+        reward = replace(reward, credit=replace(reward.credit, train_turns=config.train_turns))
+    start_states = None
+    if config.episode.start_state_share > 0:
+        from diprl.rollout.start_states import StartStateRecipe, load_or_build
+
+        start_states = load_or_build(StartStateRecipe(max_year=config.episode.max_year))
+    return Episode(config.episode, Rubric(reward), CreditAssigner(reward.credit), table, start_states)
+
+
+def play_matches(
+    episode: Episode, matches: Sequence[Match], client: PolicyClient | None, matches_in_flight: int = 8
+) -> tuple[list[EpisodeOutput], LockstepStats]:
+    """Play `matches` in this process, `matches_in_flight` at a time in lockstep; outputs in match order."""
+    jobs: dict[int, int] = {}  # id(job) -> match index
+    outputs: dict[int, EpisodeOutput] = {}
+
+    def source() -> Iterator[Job]:
+        for i, match in enumerate(matches):
+            job = episode.play(match)
+            jobs[id(job)] = i
+            yield job
+
+    def done(job: Job, out: EpisodeOutput) -> None:
+        outputs[jobs[id(job)]] = out
+
+    stats = drive(IterSource(source()), client, matches_in_flight, done)
+    return [outputs[i] for i in range(len(matches))], stats
 
 
 def _queue(queue: Queue | str) -> Queue:
@@ -78,8 +130,8 @@ class GroupLedger:
     """Exactly-once delivery of trajectory groups into bounded queues, one per trained policy.
 
     `queues` is one queue that takes every group, or a mapping from policy name to that policy's
-    learner queue: a group goes to the queue of the policy its hero played (`main@v3` -> `main`).
-    A group for a policy no learner trains (the hero was `base`) is counted, not queued.
+    learner queue: a group goes to the queue of its version's policy (`main@v3` -> `main`). A group
+    for a policy no learner trains (`base`) is counted, not queued.
 
     Queues may be given by the name of their actor (`Queue(actor_options={"name": ...})`), which is
     what a restartable ledger needs: a handle among the constructor arguments lives in the object
@@ -108,30 +160,29 @@ class GroupLedger:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             if self.log_path.is_file():
                 # A torn last line (a crash mid-write) has no newline: its id was never acknowledged.
-                text = self.log_path.read_text()
-                lines = text.split("\n")
+                lines = self.log_path.read_text().split("\n")
                 self.accepted.update(line for line in lines[:-1] if line)
 
-    def _queue_for(self, group: dict[str, Any]) -> Queue | None:
+    def _queue_for(self, group: TrajectoryGroup) -> Queue | None:
         if not isinstance(self.queues, dict):
             return self.queues
-        return self.queues.get(policy_of(str(group.get("policy_version", ""))))
+        return self.queues.get(group.policy)
 
-    async def deliver(self, group: dict[str, Any], timeout_s: float | None = None) -> bool:
+    async def deliver(self, group: TrajectoryGroup, timeout_s: float | None = None) -> bool:
         """Put `group` in its policy's queue unless a group with its id was already accepted; True if put.
 
         Waits while the queue is full (up to `timeout_s`, then `Full`, as the queue does); returns
         False at once, without putting, once the ledger is closed.
         """
-        group_id = group["group_id"]
-        if group_id in self.accepted or group_id in self.in_flight:
+        gid = group.group_id
+        if gid in self.accepted or gid in self.in_flight:
             self.duplicates += 1
             return False
         queue = self._queue_for(group)
         if queue is None:
             self.unroutable += 1
             return False
-        self.in_flight.add(group_id)  # no await before this line: check-and-mark is atomic
+        self.in_flight.add(gid)  # no await before this line: check-and-mark is atomic
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while True:
@@ -146,15 +197,15 @@ class GroupLedger:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise
         finally:
-            self.in_flight.discard(group_id)
-        self._accept(group_id)
+            self.in_flight.discard(gid)
+        self._accept(gid)
         return True
 
-    def _accept(self, group_id: str) -> None:
-        self.accepted.add(group_id)
+    def _accept(self, gid: str) -> None:
+        self.accepted.add(gid)
         if self.log_path is not None:
             with self.log_path.open("a") as fh:
-                fh.write(group_id + "\n")
+                fh.write(gid + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
 
@@ -170,120 +221,150 @@ class GroupLedger:
             "refused": self.refused,
         }
 
+    def pid_of(self) -> int:
+        return os.getpid()
 
-@ray.remote(max_restarts=-1, max_task_retries=-1)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
 class RolloutWorker:
-    """Plays matches and delivers their groups through the ledger.
+    """Plays matches in lockstep and delivers their groups through the ledger (see the module doc).
 
     The ledger is passed by NAME and looked up here, not passed as a handle: a handle to a
     non-detached actor is a reference Ray keeps in the object store, and Ray cannot guarantee such
-    constructor arguments survive until a restart (ray-project/ray#53727; it logs an error-level
-    line for every actor created that way). A name is a plain value, so a restarted worker always
-    finds the ledger again.
+    constructor arguments survive until a restart (ray-project/ray#53727). A name is a plain value, so
+    a restarted worker always finds the ledger again.
     """
 
-    def __init__(self, config: WorkerConfig, ledger_name: str, worker_index: int = 0) -> None:
-        from diprl.policy.models import load_preset, logits_width, resolve_model_path
-        from diprl.policy.tokenizer import load_tokenizer
-        from diprl.policy.vocab import token_table
-        from diprl.rollout.credit import CreditAssigner
-        from diprl.rollout.rewards import Rubric, load_reward_config
+    def __init__(self, config: WorkerConfig, ledger_name: str | None, worker_index: int = 0) -> None:
+        from diprl.rollout.clients import make_client
 
         self.config = config
-        self.ledger: Any = ray.get_actor(ledger_name)
-        preset = load_preset(config.model)
-        tokenizer = load_tokenizer(resolve_model_path(preset))
-        table = token_table(tokenizer, logits_width(preset))
-        client: Any
-        if config.client == "serve":
-            from diprl.rollout.clients import ServeClient
-
-            client = ServeClient(app_name=config.serve_app)
-        elif config.client == "uniform":
-            from diprl.rollout.clients import UniformConstrainedClient
-
-            client = UniformConstrainedClient(table, seed=config.seed * 1000 + worker_index, tokenizer=tokenizer)
-        else:
-            raise ValueError(f"unknown rollout client {config.client!r}: use 'serve' or 'uniform'")
-        reward = load_reward_config(config.reward)
-        if config.train_turns is not None:
-            reward = replace(reward, credit=replace(reward.credit, train_turns=config.train_turns))
-        self.episode = Episode(config.episode, Rubric(reward), CreditAssigner(reward.credit), client, table)
+        self.ledger: Any = ray.get_actor(ledger_name) if ledger_name else None
+        self.episode = make_episode(config)
+        self.client = make_client(config.client, config.serve_app, config.model, config.seed * 1000 + worker_index)
         self.pid = os.getpid()
+        self.stats = LockstepStats()
+        self._source = QueueSource()
+        self._pending: dict[int, tuple[Job, concurrent.futures.Future[EpisodeOutput]]] = {}
+        self._lock = threading.Lock()
+        self._loop = threading.Thread(target=self._run, name="lockstep", daemon=True)
+        self._loop.start()
 
-    def play(self, match: Match) -> dict[str, Any]:
+    def _run(self) -> None:
+        def settle(job: Job, result: Any, error: BaseException | None) -> None:
+            with self._lock:
+                _, future = self._pending.pop(id(job))
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+        drive(
+            self._source,
+            self.client,
+            self.config.matches_in_flight,
+            on_done=lambda job, out: settle(job, out, None),
+            on_error=lambda job, exc: settle(job, None, exc),
+            stats=self.stats,
+        )
+
+    def play(self, match: Match) -> MatchReport:
+        """Play `match` (with the others in flight), deliver its groups, and report it."""
         start = time.perf_counter()
-        out = self.episode.run(match)
-        delivered = False
-        queue_seconds = 0.0
-        if out.group is not None:
-            t = time.perf_counter()
-            delivered = ray.get(self.ledger.deliver.remote(out.group.to_dict()))
-            queue_seconds = time.perf_counter() - t
-        return {
-            "match_id": match.match_id,
-            "results": [r.to_dict() for r in out.results],
-            "trace": out.trace,
-            "group_id": out.group.group_id if out.group else None,
-            "delivered": delivered,
-            "skipped_zero_variance": out.skipped_zero_variance,
-            "timings": dict(out.timings) | {"queue": queue_seconds, "total": time.perf_counter() - start},
-            "phases": out.phases,
-            "completions": out.completions,
-            "bad_completions": out.bad_completions,
-            "untrainable_completions": out.untrainable_completions,
-            "group_records": len(out.group.records) if out.group else 0,
-            "group_returns": list(out.returns),
-            "worker_pid": self.pid,
-        }
+        job = self.episode.play(match)
+        future: concurrent.futures.Future[EpisodeOutput] = concurrent.futures.Future()
+        with self._lock:
+            self._pending[id(job)] = (job, future)
+        self._source.put(job)
+        out = future.result()
+        played = time.perf_counter() - start
+        report = MatchReport(
+            match_id=match.match_id,
+            results=out.results,
+            groups=[],
+            skipped_zero_variance=out.skipped_zero_variance,
+            phases=out.phases,
+            completions=out.completions,
+            bad_completions=out.bad_completions,
+            untrainable_completions=out.untrainable_completions,
+            group_records=sum(len(g.records) for g in out.groups),
+            hero_returns=list(out.hero_returns),
+            worker_pid=self.pid,
+        )
+        start = time.perf_counter()
+        for group in out.groups:
+            if self.ledger is None:
+                continue
+            if ray.get(self.ledger.deliver.remote(group)):
+                report.groups.append(group.group_id)
+            else:  # already accepted (a replayed match), or refused (the run is stopping)
+                report.undelivered += 1
+        report.timings = {"play": played, "deliver": time.perf_counter() - start}
+        if out.trace is not None and self.config.trace_dir:
+            report.trace = self._write_trace(match.match_id, out.trace)
+        return report
+
+    def _write_trace(self, match_id: str, trace: dict[str, Any]) -> str:
+        path = Path(self.config.trace_dir or ".") / f"{_UNSAFE.sub('_', match_id)}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, json.dumps(trace).encode())
+        return str(path)
+
+    def lockstep_stats(self) -> dict[str, float]:
+        """Policy calls, requests (their mean is the batch the PolicyServer saw from here) and phases."""
+        s = self.stats
+        return {"calls": s.calls, "requests": s.requests, "phases": s.phases, "mean_batch": s.mean_batch}
 
     def pid_of(self) -> int:
         return self.pid
 
 
+def worker_actor(config: WorkerConfig, ledger_name: str | None, index: int, num_cpus: float, name: str | None) -> Any:
+    """A `RolloutWorker` actor: restarted forever with its calls retried; threaded, so that every match
+    in flight (plus a status call) has a thread to wait in."""
+    options: dict[str, Any] = {
+        "num_cpus": num_cpus,
+        "max_restarts": -1,
+        "max_task_retries": -1,
+        "max_concurrency": config.matches_in_flight + 2,
+    }
+    if name is not None:
+        options["name"] = name
+    return ray.remote(RolloutWorker).options(**options).remote(config, ledger_name, index)
+
+
 class RolloutRunner:
-    """Driver side: N workers, one ledger, one bounded queue; results and traces into the run directory."""
+    """Driver side for scripts and tests: N workers, one ledger, one bounded queue; results into run_dir."""
 
     def __init__(self, config: WorkerConfig, num_workers: int, run_dir: Path, queue_size: int = 64) -> None:
-        self.config = config
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config = replace(config, trace_dir=config.trace_dir or str(self.run_dir / "traces"))
         suffix = uuid.uuid4().hex[:12]  # unique: several runners may share a cluster
         queue_name, ledger_name = f"queue-{suffix}", f"group-ledger-{suffix}"
         # By name, not handle: the ledger is restartable (see GroupLedger).
         self.queue = Queue(maxsize=queue_size, actor_options={"name": queue_name})
         self.ledger = GroupLedger.options(name=ledger_name).remote(queue_name)  # type: ignore[attr-defined]
-        self.workers = [
-            RolloutWorker.options(num_cpus=0.5).remote(config, ledger_name, i)  # type: ignore[attr-defined]
-            for i in range(num_workers)
-        ]
-        self.results_path = self.run_dir / "match_results.jsonl"
+        self.workers = [worker_actor(self.config, ledger_name, i, 0.5, None) for i in range(num_workers)]
+        self.results_path = self.run_dir / "results.jsonl"
 
-    def run(self, matches: Iterable[Match]) -> list[dict[str, Any]]:
-        """Play all matches (round robin over workers), sink results and traces, return per-match summaries."""
-        pending = {}
-        for i, match in enumerate(matches):
-            worker = self.workers[i % len(self.workers)]
-            pending[worker.play.remote(match)] = match.match_id
-        summaries = []
+    def run(self, matches: Sequence[Match]) -> list[MatchReport]:
+        """Play every match (spread over the workers, all in flight at once); reports in finishing order."""
+        pending = {self.workers[i % len(self.workers)].play.remote(m): m for i, m in enumerate(matches)}
+        reports = []
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
-            summary = ray.get(done[0])
             pending.pop(done[0])
-            self._sink(summary)
-            summaries.append(summary)
-        return summaries
+            report = ray.get(done[0])
+            with self.results_path.open("a") as f:
+                for result in report.results:
+                    f.write(json.dumps(result.to_dict()) + "\n")
+            reports.append(report)
+        return reports
 
-    def _sink(self, summary: dict[str, Any]) -> None:
-        with self.results_path.open("a") as f:
-            for result in summary["results"]:
-                f.write(json.dumps(result) + "\n")
-        if summary.get("trace") is not None:
-            traces = self.run_dir / "traces"
-            traces.mkdir(exist_ok=True)
-            (traces / f"{summary['match_id']}.json").write_text(json.dumps(summary["trace"], indent=1))
-
-    def drain(self, timeout_s: float = 1.0) -> list[dict[str, Any]]:
+    def drain(self, timeout_s: float = 1.0) -> list[TrajectoryGroup]:
         """Everything currently in the queue (what the learner would consume)."""
         items = []
         while not self.queue.empty():

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from diprl.game.scoring import ranks
-from diprl.rollout.types import Match
+from diprl.messages import Match
 
 
 def results_for(match: Match, centres_of: Callable[[str, str], int], forks: int = 1) -> list[dict[str, Any]]:

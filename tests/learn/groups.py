@@ -8,7 +8,7 @@ from diprl.game import DiplomacyGame
 from diprl.policy.prompt import build_prompt
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.clients import UniformConstrainedClient
-from diprl.rollout.types import TrainingRecord, TrajectoryGroup
+from diprl.messages import TrainingRecord, TrajectoryGroup
 
 
 def make_group(

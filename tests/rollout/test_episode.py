@@ -1,94 +1,120 @@
-"""Episode without Ray or an engine: which hero turns become TrainingRecords under each `train_turns`."""
+"""Episode without Ray or an engine: which seats and turns become groups of TrainingRecords, and how."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
 import pytest
 
 from diprl.game import PowerOrders
+from diprl.messages import Generation, GenerationRequest, Match, TrainingRecord
 from diprl.policy.constraint import OrderConstraint
+from diprl.policy.models import load_preset, logits_width, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import TokenTable, token_table
 from diprl.rollout.clients import UniformConstrainedClient
 from diprl.rollout.credit import CreditAssigner, CreditConfig
-from diprl.rollout.episode import Episode, EpisodeConfig
+from diprl.rollout.episode import Episode, EpisodeConfig, EpisodeOutput
 from diprl.rollout.rewards import Rubric, load_reward_config
-from diprl.rollout.types import Match
-from diprl.rollout.worker import policy_of
+from diprl.rollout.start_states import StartStateRecipe, load_or_build
+from diprl.rollout.worker import play_matches
 
 POWERS = ["AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY"]
 
 
 @cache
-def _table() -> tuple[object, TokenTable]:
-    tokenizer = load_tokenizer()
-    return tokenizer, token_table(tokenizer, 151936)
+def _table() -> tuple[Any, TokenTable]:
+    preset = load_preset("tiny")
+    tokenizer = load_tokenizer(resolve_model_path(preset))
+    return tokenizer, token_table(tokenizer, logits_width(preset))
 
 
-def _episode(train_turns: str, group_size: int = 3, **episode: Any) -> Episode:
+def _client(seed: int = 3) -> UniformConstrainedClient:
     tokenizer, table = _table()
-    reward = load_reward_config("default")
+    return UniformConstrainedClient(table, seed=seed, tokenizer=tokenizer)
+
+
+def _episode(train_turns: str = "fork", group_size: int = 3, **episode: Any) -> Episode:
+    _, table = _table()
     credit = CreditAssigner(CreditConfig(train_turns=train_turns))
     options: dict[str, Any] = {"warmup_max_phases": 0, "horizon_years": 1, "trace_fraction": 0.0} | episode
-    config = EpisodeConfig(group_size=group_size, **options)
-    client = UniformConstrainedClient(table, seed=3, tokenizer=tokenizer)
-    return Episode(config, Rubric(reward), credit, client, table)
+    return Episode(EpisodeConfig(group_size=group_size, **options), Rubric(load_reward_config("default")), credit, table)
 
 
-def _match(seed: int) -> Match:
-    seats = {p: "bot:random" for p in POWERS} | {"FRANCE": "main@v2"}
-    return Match(match_id=f"t{seed}", seats=seats, hero="FRANCE", seed=seed)
+def _run(episode: Episode, match: Match, client: Any = None) -> EpisodeOutput:
+    [out], _ = play_matches(episode, [match], client or _client())
+    return out
 
 
-def _check_records(records: list[dict]) -> None:
+def _match(seed: int, hero: str = "FRANCE", main_seats: Sequence[str] = ("FRANCE",), trained: bool = True) -> Match:
+    seats = {p: "bot:random" for p in POWERS} | {p: "main@v2" for p in main_seats}
+    return Match(f"t{seed}", seats, hero=hero, seed=seed, train=tuple(main_seats) if trained else ())
+
+
+def _check_records(records: list[TrainingRecord]) -> None:
     _, table = _table()
     for record in records:
-        n = len(record["completion_ids"])
-        assert n > 0 and len(record["behaviour_logprobs"]) == n == len(record["advantages"])
-        legal = PowerOrders.from_dict(record["legal"])
-        assert legal.phase == record["phase"], "each record carries the legal orders of its own phase"
-        OrderConstraint(legal, table).masks_for(record["completion_ids"])  # raises if off-grammar
+        n = len(record.completion_ids)
+        assert n > 0 and len(record.behaviour_logprobs) == n == len(record.advantages)
+        legal = PowerOrders.from_dict(record.legal)
+        assert legal.phase == record.phase, "each record carries the legal orders of its own phase"
+        OrderConstraint(legal, table).masks_for(record.completion_ids)  # raises if off-grammar
 
 
 def test_fork_turns_train_only_the_forked_decision() -> None:
-    out = _episode("fork").run(_match(11))
-    assert out.group is not None
-    group = out.group.to_dict()
-    assert len(group["records"]) == 3
-    assert {r["phase"] for r in group["records"]} == {group["phase"]}
-    _check_records(group["records"])
+    out = _run(_episode("fork"), _match(11))
+    [group] = out.groups
+    assert len(group.records) == 3 and group.power == "FRANCE" and group.hero
+    assert {r.phase for r in group.records} == {group.phase} and group.group_id == f"t11/{group.phase}/FRANCE"
+    _check_records(group.records)
 
 
 def test_all_turns_train_every_hero_turn_of_each_fork_with_its_group_advantage() -> None:
-    fork_out = _episode("fork").run(_match(11))
-    all_out = _episode("all").run(_match(11))
-    assert fork_out.group is not None and all_out.group is not None
-    records = all_out.group.to_dict()["records"]
+    [fork_group] = _run(_episode("fork"), _match(11)).groups
+    [all_group] = _run(_episode("all"), _match(11)).groups
+    records = all_group.records
     # Spring decision + autumn + (maybe retreats) + winter adjustments: more than one turn per fork.
     assert len(records) > 3
-    phases = [r["phase"] for r in records]
-    assert phases.count(all_out.group.phase) == 3 and len(set(phases)) > 1
+    phases = [r.phase for r in records]
+    assert phases.count(all_group.phase) == 3 and len(set(phases)) > 1
     _check_records(records)
     # Same seeds, same play: the forked decision's records are identical under both settings.
-    first = [r for r in records if r["phase"] == all_out.group.phase]
-    assert [r["completion_ids"] for r in first] == [r.completion_ids for r in fork_out.group.records]
+    first = [r for r in records if r.phase == all_group.phase]
+    assert [r.completion_ids for r in first] == [r.completion_ids for r in fork_group.records]
     # Later turns carry their fork's group advantage alone (no per-order term): one value per completion.
     for r in records:
-        if r["phase"] != all_out.group.phase:
-            assert len(set(r["advantages"])) == 1 and r["order_rewards"] == {}
+        if r.phase != all_group.phase:
+            assert len(set(r.advantages)) == 1 and r.order_rewards == {}
 
 
-def test_train_turns_rejects_unknown_values() -> None:
-    with pytest.raises(ValueError, match="train_turns"):
-        CreditConfig(train_turns="every")
+def test_every_trained_seat_yields_its_own_group_of_the_same_state() -> None:
+    """A self-play-like match: main holds three seats, all trained; each seat is compared on its own returns."""
+    seats = ("FRANCE", "GERMANY", "ITALY")
+    out = _run(_episode("fork", group_size=4), _match(4, main_seats=seats))
+    assert sorted(g.power for g in out.groups) == sorted(seats)
+    phases = {g.phase for g in out.groups}
+    assert len(phases) == 1, "every group forks the same decision state"
+    for group in out.groups:
+        assert group.hero == (group.power == "FRANCE") and len(group.records) == 4
+        assert {r.power for r in group.records} == {group.power}
+        assert [r.reward for r in group.records] == group.returns
+        _check_records(group.records)
+    # Each seat's own returns, not the hero's: the groups' returns differ from each other.
+    assert len({tuple(g.returns) for g in out.groups}) == 3
+    # The hero's returns are reported whatever is trained; results: one per fork, each weighing 1/G.
+    assert out.hero_returns == next(g.returns for g in out.groups if g.hero)
+    assert [r.forks for r in out.results] == [4] * 4
 
 
-def test_policy_of_routes_versions_to_their_learner() -> None:
-    assert policy_of("main@v3") == "main"
-    assert policy_of("main_exploiter@v12") == "main_exploiter"
-    assert policy_of("base") == "" and policy_of("bot:random") == ""
+def test_seats_not_in_train_are_played_never_trained() -> None:
+    """main in three seats but only the hero listed (rollout.train_seats=hero): one group."""
+    match = replace(_match(4, main_seats=("FRANCE", "GERMANY", "ITALY")), train=("FRANCE",))
+    assert [g.power for g in _run(_episode(), match).groups] == ["FRANCE"]
+    nothing = _run(_episode(), _match(4, trained=False))
+    assert nothing.groups == [] and len(nothing.results) == 3  # played and measured, not trained
 
 
 class _FailsOneFork:
@@ -98,25 +124,25 @@ class _FailsOneFork:
         self.inner = inner
         self.calls = 0
 
-    def generate(self, requests: list[dict]) -> list[dict]:
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         answers = self.inner.generate(requests)
         self.calls += 1
         if self.calls == 1:  # warmup 0 at S1901M: the first call is the forked decision of every fork
-            answers[1] = {"policy": answers[1]["policy"], "error": "EngineDead: replica restarting", "orders": []}
+            answers[1] = Generation.failed(answers[1].policy, "EngineDead: replica restarting")
         return answers
 
 
 def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
     episode = _episode("fork", group_size=4)
-    episode.client = _FailsOneFork(episode.client)
-    out = episode.run(_match(5))
-    assert out.group is not None and len(out.results) == 4, "the failed fork still played (holds) and reports"
-    kept = [r for i, r in enumerate(out.returns) if i != 1]
-    assert out.group.returns == kept and len(out.group.records) == 3
-    expected, _ = episode.credit.group_advantages(kept)
+    out = _run(episode, _match(5), _FailsOneFork(_client()))
+    [group] = out.groups
+    assert len(out.results) == 4, "the failed fork still played (holds) and reports"
+    kept = [r for i, r in enumerate(out.hero_returns) if i != 1]
+    assert group.returns == kept and len(group.records) == 3
+    expected, _ = CreditAssigner(episode.credit.cfg).group_advantages(kept)
     assert expected is not None
     _, table = _table()
-    for record, advantage in zip(out.group.records, expected, strict=True):
+    for record, advantage in zip(group.records, expected, strict=True):
         orders = list(record.order_rewards)
         rebuilt = episode.credit.token_advantages(
             advantage, record.completion_ids, table.texts, orders, record.order_rewards
@@ -126,16 +152,46 @@ def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
 
 
 def _forked_kind(share: float) -> str:
-    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 0) ends at W1903A,
-    where France builds: found by search, fixed by the seeds."""
+    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 7) ends at an
+    adjustment where France builds: found by search, fixed by the seeds."""
     episode = _episode("fork", group_size=2, warmup_min_phases=7, warmup_max_phases=7, adjustment_fork_share=share)
-    out = episode.run(_match(0))
-    assert out.group is not None
-    return f"{out.group.phase} {PowerOrders.from_dict(out.group.records[0].legal).kind.value}"
+    [group] = _run(episode, _match(7)).groups
+    return f"{group.phase[-1]} {PowerOrders.from_dict(group.records[0].legal).kind.value}"
 
 
 def test_builds_and_disbands_are_forked_at_the_configured_share() -> None:
-    assert _forked_kind(1.0) == "W1903A build"
+    assert _forked_kind(1.0) == "A build"
     assert _forked_kind(0.0).endswith(" movement")  # played on to the next movement decision
     with pytest.raises(ValueError, match="adjustment_fork_share"):
         EpisodeConfig(adjustment_fork_share=1.5)
+
+
+def test_the_trace_shows_every_seat_of_every_fork_with_returns_and_advantages() -> None:
+    out = _run(_episode(trace_fraction=1.0, group_size=2), _match(4, main_seats=("FRANCE", "ITALY")))
+    trace = out.trace
+    assert trace is not None and trace["match"]["train"] == ["FRANCE", "ITALY"]
+    groups = {g.power: g for g in out.groups}
+    for k, fork in enumerate(trace["forks"]):
+        assert fork["return"] == out.hero_returns[k] and fork["replay"]["phases"]
+        assert set(fork["seats"]) == {"FRANCE", "ITALY"}  # the LLM seats at the forked phase
+        for power, seat in fork["seats"].items():
+            assert seat["trained"] and seat["return"] == groups[power].returns[k]
+            assert seat["advantage"] is not None
+
+
+def test_a_share_of_matches_starts_from_stored_mid_game_states(tmp_path: Any) -> None:
+    store = load_or_build(StartStateRecipe(games=1, mixes=(("dumbbot",) * 7,)), root=tmp_path)
+    assert store.years[0] == 1901 and store.years[-1] > 1910
+    assert all(kind in ("M", "A") for kinds in store.by_year.values() for kind in kinds)  # no retreat starts
+    _, table = _table()
+    config = EpisodeConfig(group_size=2, warmup_max_phases=0, trace_fraction=0.0, start_state_share=1.0)
+    episode = Episode(config, Rubric(load_reward_config("default")), CreditAssigner(CreditConfig()), table, store)
+    years = {int(g.phase[1:5]) for out in play_matches(episode, [_match(s) for s in range(6)], _client())[0]
+             for g in out.groups}
+    assert max(years) > 1905, f"starts from later years: {sorted(years)}"
+    with pytest.raises(ValueError, match="start-state store"):
+        Episode(config, Rubric(load_reward_config("default")), CreditAssigner(CreditConfig()), table)
+    # A corrupt cache file is rebuilt, not trusted.
+    path = next(tmp_path.glob("*.json"))
+    path.write_text("{not json")
+    assert load_or_build(StartStateRecipe(games=1, mixes=(("dumbbot",) * 7,)), root=tmp_path).years == store.years

@@ -1,0 +1,198 @@
+"""The configuration of a training run: Hydra composition into typed, validated dataclasses.
+
+`conf/config.yaml` + an experiment (`+experiment=pfsp`) + command-line overrides become one `Config`:
+`model` (a preset), `inference`, `learner` and `league` (their own typed configs), `rollout` (how
+games are played), `train` (budget, reporting, the run directory) and `evaluation` (the fixed games
+played along the way). A typo'd key, a wrong type, an unknown experiment or model, or an inconsistent
+value is a `ConfigError` naming it, before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from omegaconf import MISSING
+
+from diprl.rollout.episode import EpisodeConfig
+from diprl.structured_config import CONF_DIR, ConfigError
+
+__all__ = ["CONF_DIR", "Config", "ConfigError", "compose_config"]
+
+TRAIN_SEATS = ("hero", "learners")
+
+
+@dataclass
+class EvalScheduleConfig:
+    """Evaluation during training: fixed seeded games, the hero against a frozen pool."""
+
+    every_steps: int = 10  # main learner steps between evaluations (0: only at the start and the end)
+    games: int = 14  # per opponent; a multiple of 7 rotates the hero over every power equally
+    max_year: int = 1906
+    opponents: list[str] = field(default_factory=lambda: ["bot:random", "bot:dumbbot"])
+    temperature: float = 1.0
+    at_start: bool = True
+    at_end: bool = True
+    seed: int = 12345
+
+
+@dataclass
+class RolloutConfig:
+    """How games are played for training: workers, matches in flight, episodes, rewards, trained seats.
+
+    Sizing: a PolicyServer replica sees up to `num_workers x matches_in_flight x group_size x LLM seats`
+    requests per phase (7 seats in self-play); keep that near its `max_num_seqs` (README: "Sizing").
+    """
+
+    num_workers: int = 2  # rollout actors
+    worker_cpus: float = 0.5
+    matches_in_flight: int = 8  # per worker, played in lockstep: one policy call per phase for all of them
+    reward: str = "default"  # conf/reward/<name>.yaml
+    train_turns: str | None = None  # fork | all; None: the reward config's credit.train_turns
+    # hero: only the seat the league asked about yields a group; learners: every seat the league filled
+    # with a learner's current version does (self-play trains all seven decisions it pays for).
+    train_seats: str = "learners"
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    match_retries: int = 3  # a match whose call failed (replica restart, ...) is replayed this often
+
+
+@dataclass
+class TrainConfig:
+    """The run itself: budget, where it writes, how it reports."""
+
+    run_dir: str | None = None  # default: runs/<experiment>-<UTC time>
+    resume: str | None = None  # a run directory to continue (learner, league, counters)
+    max_steps: int = 200  # main learner steps, counted across resumes
+    max_minutes: float = 10.0  # wall-clock budget of this invocation (0: no limit)
+    queue_size: int = 64  # groups per policy queue (a full queue blocks rollouts: backpressure)
+    progress_every_s: float = 10.0
+    wandb: bool = True
+    ray_num_cpus: int | None = None  # local Ray only; None: max(cores, what the actors ask for)
+    dashboard: bool = True
+    web_port: int | None = None  # serve the web app (`python -m diprl.web`) beside the run on this port
+    seed: int = 0
+    # Testing the fault tolerance: actor names to kill (Ray restarts them) once the main learner has
+    # taken `chaos_after_step` steps. E.g. [rollout-0, league, learner-main, policy-server].
+    chaos: list[str] = field(default_factory=list)
+    chaos_after_step: int = 1
+
+
+@dataclass
+class Config:
+    """The composed run configuration (`conf/config.yaml` + an experiment + overrides)."""
+
+    experiment: str = "default"
+    model: Any = MISSING  # ModelPreset (Hydra group `model`)
+    inference: Any = MISSING  # ServerConfig (group `inference`)
+    learner: Any = MISSING  # LearnerConfig (group `learner`)
+    league: Any = MISSING  # LeagueConfig (group `league`)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluation: EvalScheduleConfig = field(default_factory=EvalScheduleConfig)
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    from diprl.inference.config import register_configs as register_inference
+    from diprl.league.config import register_configs as register_league
+    from diprl.learn.config import register_configs as register_learner
+    from diprl.policy.models import register_configs as register_models
+
+    ConfigStore.instance().store(name="base_config", node=Config)
+    register_models()
+    register_inference()
+    register_learner()
+    register_league()
+
+
+def _section(schema: type, raw: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    body = dict(raw or {})
+    body.pop("defaults", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), body))
+
+
+def typed_config(cfg: Any) -> Config:
+    """The composed DictConfig as typed objects, every section validated; errors name the section."""
+    from omegaconf import OmegaConf
+
+    from diprl.inference.config import ServerConfig
+    from diprl.league.config import LeagueConfig
+    from diprl.learn.config import LearnerConfig
+    from diprl.policy.models import preset_from_config
+
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(raw, dict)
+    for section in ("model", "inference", "learner", "league"):
+        if section not in raw:
+            raise ConfigError(f"configuration has no {section!r} section")
+    try:
+        model = preset_from_config(raw["model"])
+        inference = _section(ServerConfig, raw["inference"])
+        learner = _section(LearnerConfig, raw["learner"])
+        league = _section(LeagueConfig, raw["league"])
+        rollout = _section(RolloutConfig, raw.get("rollout"))
+        train = _section(TrainConfig, raw.get("train"))
+        evaluation = _section(EvalScheduleConfig, raw.get("evaluation"))
+    except Exception as exc:  # OmegaConf validation or a dataclass __post_init__
+        raise ConfigError(f"invalid configuration: {exc}") from exc
+    config = Config(
+        experiment=str(raw.get("experiment", "default")),
+        model=model,
+        inference=replace(inference, model=model.name),
+        learner=replace(learner, model=model.name),
+        league=league,
+        rollout=rollout,
+        train=train,
+        evaluation=evaluation,
+    )
+    check(config)
+    return config
+
+
+def check(config: Config) -> None:
+    """Cross-section consistency; every problem is named in one `ConfigError`."""
+    from diprl.rollout.rewards import load_reward_config
+
+    t, r = config.train, config.rollout
+    problems = []
+    if t.max_steps < 0 or t.max_minutes < 0:
+        problems.append("train.max_steps and train.max_minutes must be >= 0")
+    if r.num_workers < 1:
+        problems.append(f"rollout.num_workers must be >= 1, got {r.num_workers}")
+    if r.matches_in_flight < 1:
+        problems.append(f"rollout.matches_in_flight must be >= 1, got {r.matches_in_flight}")
+    if t.queue_size < config.learner.groups_per_step:
+        problems.append(
+            f"train.queue_size ({t.queue_size}) must hold a learner batch (learner.groups_per_step="
+            f"{config.learner.groups_per_step})"
+        )
+    if config.evaluation.games % 7:
+        problems.append(f"evaluation.games must be a multiple of 7 (powers rotated), got {config.evaluation.games}")
+    if config.learner.max_policy_lag < 0:
+        problems.append("learner.max_policy_lag must be >= 0")
+    try:
+        load_reward_config(r.reward)
+    except (KeyError, ValueError) as exc:
+        problems.append(str(exc))
+    if r.train_turns not in (None, "fork", "all"):
+        problems.append(f"rollout.train_turns must be fork or all, got {r.train_turns!r}")
+    if r.train_seats not in TRAIN_SEATS:
+        problems.append(f"rollout.train_seats must be one of {', '.join(TRAIN_SEATS)}, got {r.train_seats!r}")
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def compose_config(overrides: Sequence[str]) -> tuple[Config, str]:
+    """`conf/config.yaml` composed with Hydra overrides, typed and validated, plus its resolved YAML (what
+    `config.yaml` in the run directory holds, and what a resume compares against)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return typed_config(cfg), OmegaConf.to_yaml(cfg, resolve=True)

@@ -1,0 +1,229 @@
+"""The driver of a training run: keeps rollout workers, learners and the evaluator busy until the budget
+runs out or a stop is requested, then ends the run properly.
+
+The pieces each own one job (`MatchScheduler`, `LearnerLoop`, `EvalSchedule`, `Watchdog`, `Journal`);
+the loop below only waits for whichever call finishes next and hands it to its owner. Groups never
+pass through here: rollout workers deliver them to the ledger, learners pull them from their queues.
+
+Stopping: a signal or an actor's error stops taking new work (the ledger refuses further groups, so
+workers blocked on a full queue return); what runs finishes, then the final checkpoints, the final
+evaluation and the summary are written. A second signal aborts at once (KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diprl.run.config import Config
+from diprl.run.evaluations import EvalSchedule
+from diprl.run.faults import Watchdog, chaos
+from diprl.run.journal import Journal
+from diprl.run.learning import LearnerLoop
+from diprl.run.matches import MatchScheduler
+from diprl.run.progress import progress_fields
+from diprl.run.rundir import Counters, save_counters
+
+WAIT_S = 1.0  # the loop wakes at least this often (budget, progress line, watchdog)
+
+
+@dataclass
+class Stop:
+    """Why a run stops before its budget (a signal, a failed actor) and the exit status it then has.
+
+    Made before anything starts, so a signal during start-up is not lost."""
+
+    reason: str | None = None
+    exit_code: int = 0
+
+    def request(self, reason: str, exit_code: int) -> None:
+        if self.reason is None:
+            self.reason, self.exit_code = reason, exit_code
+
+
+@dataclass
+class Actors:
+    """Everything a run created, by role (see `diprl.train.start_actors`)."""
+
+    serve_app: str
+    league: Any
+    ledger: Any
+    queues: dict[str, Any]
+    learners: dict[str, Any]
+    workers: list[Any]
+    evaluator: Any
+
+
+class Driver:
+    def __init__(
+        self, config: Config, run_dir: Path, actors: Actors, journal: Journal, counters: Counters, stop: Stop
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.actors = actors
+        self.journal = journal
+        self.counters = counters
+        self.started = time.monotonic()
+        self.stop = stop
+        self.ledger_closed = False
+        self.chaos_done = False
+        self.rating: float | None = None
+        self.evals = EvalSchedule(actors.evaluator, config.evaluation, journal, counters)
+        self.learning = LearnerLoop(
+            actors.learners, actors.queues, actors.league, journal, self.evals.protected, self.request_stop
+        )
+        self.matches = MatchScheduler(
+            actors.league,
+            actors.workers,
+            config.rollout.matches_in_flight,
+            list(actors.learners),
+            config.rollout.match_retries,
+            journal,
+            counters,
+        )
+        watched = {f"rollout-{i}": w for i, w in enumerate(actors.workers)}
+        watched |= {f"learner-{p}": learner for p, learner in actors.learners.items()}
+        watched |= {"league": actors.league, "group-ledger": actors.ledger, "evaluator": actors.evaluator}
+        self.watchdog = Watchdog(watched, journal, self._in_flight)
+        self.progress: Any = None
+
+    # ---------------------------------------------------------------- control
+    def request_stop(self, reason: str, exit_code: int) -> None:
+        """Stop taking new work; what runs finishes, then the final checkpoint, evaluation and summary."""
+        self.stop.request(reason, exit_code)
+
+    @property
+    def main_step(self) -> int:
+        return self.learning.steps.get("main", 0)
+
+    def budget_left(self) -> bool:
+        t = self.config.train
+        if self.stop.reason is not None or self.main_step >= t.max_steps:
+            return False
+        return not (t.max_minutes and (time.monotonic() - self.started) / 60 >= t.max_minutes)
+
+    def _in_flight(self, name: str) -> list[str]:
+        if name.startswith("rollout-"):
+            return self.matches.in_flight(int(name.split("-", 1)[1]))
+        if name.startswith("learner-") and name[len("learner-") :] in self.learning.stepping.values():
+            return ["the batch in training"]
+        return []
+
+    # ---------------------------------------------------------------- the loop
+    def start(self) -> None:
+        self.learning.start()
+        self.evals.start(self.learning.versions["main"], self.main_step)
+
+    def run(self) -> None:
+        """Train until the budget runs out or a stop is requested, then end the run properly.
+
+        An unexpected error in the loop stops it at once (what was in flight is abandoned); the final
+        checkpoint, evaluation and summary are still written.
+        """
+        from diprl.tracking import ProgressLine
+
+        self.progress = ProgressLine(self.config.train.progress_every_s)
+        try:
+            self._loop()
+        except Exception as exc:
+            self.request_stop(f"error: {exc!r:.300}", 1)
+            self.journal.fault({"error": repr(exc)[:500], "stopping": True})
+        self._end()
+
+    def _loop(self) -> None:
+        import ray
+
+        while True:
+            running = self.budget_left()
+            if running:
+                self.matches.fill()
+                self.learning.fill()
+            else:
+                self._stop_rollouts()
+            self.evals.fill(stopping=self.stop.reason is not None)
+            self._maybe_chaos()
+            self.watchdog.poll()
+            pending = self.matches.refs() + self.learning.refs() + self.evals.refs()
+            if not pending:
+                break
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=WAIT_S, fetch_local=False)
+            for ref in done:
+                if ref in self.matches.playing:
+                    self.matches.handle(ref)
+                elif ref in self.learning.stepping:
+                    report = self.learning.handle(ref)
+                    if report is not None:
+                        self._after_step(report.policy)
+                else:
+                    self.evals.handle(ref)
+            self.progress.update(self._progress_fields())
+            self.counters.minutes = (time.monotonic() - self.started) / 60
+
+    def _after_step(self, policy: str) -> None:
+        if policy == "main":
+            self.evals.on_step(self.learning.versions["main"], self.main_step)
+            self.rating = self._main_rating()
+        save_counters(self.run_dir, self.counters)
+
+    def _stop_rollouts(self) -> None:
+        """Nobody takes batches any more: deliveries waiting on a full queue return instead of blocking."""
+        import ray
+
+        if not self.ledger_closed:
+            self.ledger_closed = True
+            ray.get(self.actors.ledger.close.remote())
+
+    def _maybe_chaos(self) -> None:
+        t = self.config.train
+        if self.chaos_done or not t.chaos or self.main_step < t.chaos_after_step:
+            return
+        self.chaos_done = True
+        chaos(t.chaos, self.actors.serve_app, self.journal)
+
+    def _main_rating(self) -> float | None:
+        """The league's rating of main's current version (None before it has one)."""
+        import ray
+
+        version = self.learning.versions.get("main")
+        return None if version is None else ray.get(self.actors.league.rating.remote(version))
+
+    def _progress_fields(self) -> dict[str, Any]:
+        return progress_fields(
+            self.journal.stats,
+            self.main_step,
+            self.learning.last.get("main", {}),
+            self.learning.queue_depth(),
+            self.learning.versions.get("main", "-"),
+            self.evals.last,
+            self.rating,
+        )
+
+    # ---------------------------------------------------------------- the end
+    def _end(self) -> None:
+        """The final evaluation (if configured), checkpoints and summary, on every exit the run survives."""
+        self.evals.final(self.learning.versions["main"], self.main_step)
+        if self.progress is not None:
+            self.progress.update(self._progress_fields(), force=True)
+            self.progress.close()
+        self._finish()
+
+    def _finish(self) -> None:
+        import ray
+
+        from diprl.tracking import plot_learning_curves, read_metrics
+
+        self.learning.save_checkpoints()
+        summary = ray.get(self.actors.league.summary.remote())
+        (self.run_dir / "league_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        self.rating = self._main_rating()
+        self.journal.log("league", {"league/rating": self.rating} if self.rating is not None else {})
+        save_counters(self.run_dir, self.counters)
+        self.journal.tracker.close()
+        plot_learning_curves(
+            read_metrics(self.run_dir / "metrics.jsonl"),
+            self.run_dir / "plots" / "learning_curves.png",
+            title=f"{self.config.experiment}: {self.run_dir.name}",
+        )

@@ -1,0 +1,93 @@
+"""Keeping every rollout worker full: matches from the league, results back to it, failed matches replayed.
+
+Each worker plays up to `rollout.matches_in_flight` matches at once (in lockstep: one policy call per
+phase for all of them), so the scheduler keeps that many `play` calls outstanding per worker, taking
+the trained policies in turn. A finished match's results go to the league (its G forks weigh 1/G each)
+and its counts to the run's statistics. A call that failed (the PolicyServer restarting, an engine
+error) is replayed with the same match, hence the same seed: the ledger drops any group it already
+accepted. Ray itself retries a call a worker's death interrupted, on the restarted worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from diprl.messages import Match, MatchReport
+from diprl.run.journal import Journal
+from diprl.run.rundir import Counters
+
+
+@dataclass
+class _Playing:
+    worker: int
+    match: Match
+    attempt: int
+
+
+class MatchScheduler:
+    def __init__(
+        self,
+        league: Any,
+        workers: list[Any],
+        per_worker: int,
+        policies: list[str],
+        retries: int,
+        journal: Journal,
+        counters: Counters,
+    ) -> None:
+        self.league = league
+        self.workers = workers
+        self.per_worker = per_worker
+        self.policies = policies
+        self.retries = retries
+        self.journal = journal
+        self.counters = counters
+        self.playing: dict[Any, _Playing] = {}
+        self.load = [0] * len(workers)
+        self._turn = 0
+
+    def fill(self) -> None:
+        """Hand every worker below its share a new match (the trained policies in turn)."""
+        import ray
+
+        for index in range(len(self.workers)):
+            while self.load[index] < self.per_worker:
+                policy = self.policies[self._turn % len(self.policies)]
+                self._turn += 1
+                match = ray.get(self.league.next_match.remote(policy))
+                self._submit(index, match, 0)
+
+    def _submit(self, index: int, match: Match, attempt: int) -> None:
+        self.playing[self.workers[index].play.remote(match)] = _Playing(index, match, attempt)
+        self.load[index] += 1
+
+    def refs(self) -> list[Any]:
+        return list(self.playing)
+
+    def in_flight(self, index: int) -> list[str]:
+        """Ids of the matches worker `index` is playing (what a restart of it replays)."""
+        return sorted(p.match.match_id for p in self.playing.values() if p.worker == index)
+
+    def handle(self, ref: Any) -> MatchReport | None:
+        """A finished `play` call: its report, or None when it failed (replayed if retries are left)."""
+        import ray
+
+        playing = self.playing.pop(ref)
+        self.load[playing.worker] -= 1
+        try:
+            report: MatchReport = ray.get(ref)
+        except Exception as exc:
+            self.counters.failed_matches += 1
+            values = {"match_id": playing.match.match_id, "attempt": playing.attempt, "error": repr(exc)[:500]}
+            self.journal.fault(values)
+            if playing.attempt < self.retries:
+                self._submit(playing.worker, playing.match, playing.attempt + 1)
+            return None
+        self.counters.matches += 1
+        if report.results:
+            ray.get(self.league.report.remote(report.results))
+            self.counters.results += len(report.results)
+        self.counters.groups += len(report.groups)
+        self.journal.stats.match(report)
+        return report

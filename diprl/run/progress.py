@@ -1,0 +1,95 @@
+"""What a run shows while it goes: recent-window statistics and the fields of the progress line.
+
+The windows are short (the last `window` groups and matches), so the progress line and the
+`rollout` records follow the policy as it changes rather than averaging the whole run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from diprl.messages import MatchReport
+
+WINDOW = 64
+
+
+def mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+@dataclass
+class RunStats:
+    """Recent returns, centres and group arrivals; faults and restarts counted over the whole run."""
+
+    window: int = WINDOW
+    returns: deque[float] = field(default_factory=deque)
+    centres: deque[float] = field(default_factory=deque)
+    group_times: deque[tuple[float, int]] = field(default_factory=deque)  # (when, groups) per match
+    faults: int = 0
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        self.returns = deque(maxlen=self.window)
+        self.centres = deque(maxlen=self.window)
+        self.group_times = deque(maxlen=self.window)
+
+    def match(self, report: MatchReport) -> None:
+        centres = report.hero_centres()
+        if centres is not None:
+            self.centres.append(centres)
+        self.returns.extend(report.hero_returns)
+        self.group_times.append((time.monotonic(), len(report.groups)))
+
+    def groups_per_s(self) -> float:
+        """Groups delivered per second over the recent matches (those after the first of the window)."""
+        if len(self.group_times) < 2:
+            return 0.0
+        span = self.group_times[-1][0] - self.group_times[0][0]
+        groups = sum(n for _, n in list(self.group_times)[1:])
+        return groups / span if span > 0 else 0.0
+
+    def rollout_record(self, step: int, queue_depth: int) -> dict[str, Any]:
+        """The `rollout` metrics record logged beside each learner step."""
+        return {
+            "learner/step": step,
+            "rollout/mean_reward": mean(self.returns),
+            "rollout/hero_centres": mean(self.centres),
+            "rollout/groups_per_s": self.groups_per_s(),
+            "queue/depth": queue_depth,
+        }
+
+
+def progress_fields(
+    stats: RunStats,
+    step: int,
+    learner: dict[str, Any],
+    queue_depth: int,
+    version: str,
+    evals: dict[str, float],
+    rating: float | None,
+) -> dict[str, Any]:
+    """The progress line: step, rates, rewards, queue, lag, version, last evaluation, rating, faults."""
+    fields: dict[str, Any] = {
+        "step": step,
+        "groups/s": round(stats.groups_per_s(), 3),
+        "tok/s": round(float(learner.get("tokens_per_s", 0.0)), 1),
+        "reward": round(mean(stats.returns), 3),
+        "hero_sc": round(mean(stats.centres), 2),
+        "queue": queue_depth,
+        "lag": round(float(learner.get("policy_lag_mean", 0.0)), 2),
+        "version": version,
+    }
+    for opponents, centres in evals.items():
+        fields[f"eval_sc[{opponents}]"] = round(centres, 2)
+    if rating is not None:
+        fields["rating"] = round(rating, 2)
+    if stats.faults:
+        fields["faults"] = stats.faults
+    if stats.restarts:
+        fields["restarts"] = stats.restarts
+    return fields
