@@ -42,6 +42,7 @@ from omegaconf import MISSING
 
 from diprl.atomic_io import fsync_dir
 from diprl.console import quiet_libraries, ray_init_options
+from diprl.messages import MatchResult
 from diprl.rollout.episode import EpisodeConfig
 
 if TYPE_CHECKING:
@@ -681,7 +682,8 @@ class Driver:
         self.counters.matches += 1
         results = summary["results"]
         if results:
-            ray.get(self.league.report.remote(results))
+            # All G forks of the match, each weighing 1/G in the league.
+            ray.get(self.league.report.remote([MatchResult(**{"forks": len(results), **r}) for r in results]))
             self.counters.results += len(results)
             hero = results[0]["hero"]
             self.recent_centres.append(sum(r["centres"][hero] for r in results) / len(results))
@@ -728,8 +730,8 @@ class Driver:
         if published:
             self.versions[policy] = str(published)
             decision = ray.get(self.league.register_version.remote(policy, published, self.steps[policy]))
-            self.tracker.log("league", {"version": published, **_plain(decision)}, policy)
-            if decision.get("reset"):
+            self.tracker.log("league", {"version": published, **_plain(decision.to_dict())}, policy)
+            if decision.reset:
                 version = ray.get(self.learners[policy].reset.remote())
                 self.versions[policy] = str(version)
                 ray.get(self.league.register_version.remote(policy, version, self.steps[policy]))
