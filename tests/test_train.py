@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from diprl.inference.adapters import AdapterStore
+from diprl.league.role_state import VersionDecision
 from diprl.learn.checkpoint import CheckpointDir
 from diprl.tracking import read_metrics
 from diprl.train import ConfigError, compose_config, main, prepare_run_dir
@@ -89,7 +90,7 @@ def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, mo
             "faults": [{"fault": "publish_failed", "step": 3, "error": "OSError(28, 'No space left on device')"}],
         },
         {"step": 4, "trained": 1, "published": "main@v5", "quarantined": 0, "quarantined_records": [], "faults": []},
-        {"snapshot": False, "reset": False},  # the league's answer to register_version
+        VersionDecision(False, False, None, 0, 0.5),  # the league's answer to register_version
         ["bot:random", "main@v5"],  # refs_in_use
     ]
     pruned: list[list[str]] = []

@@ -36,6 +36,7 @@ from diprl.game.scoring import ranks
 from diprl.league.config import LeagueConfig
 from diprl.league.manager import LeagueManager
 from diprl.league.payoff import Payoff
+from diprl.messages import MatchResult
 
 CYCLE = 3.0  # c: weight of the style (non-transitive) part
 ANCHORS: dict[str, tuple[float, float]] = {  # ref -> (s, theta)
@@ -75,18 +76,19 @@ class Learner:
         self.s = self.s_max * (1.0 - math.exp(-self.steps / self.tau))
 
 
-def _result(match_id: str, seats: dict[str, str], hero: str, hero_won: float) -> dict[str, Any]:
+def _result(match_id: str, seats: dict[str, str], hero: str, hero_won: float) -> MatchResult:
     centres = {p: (6 if hero_won else 1) if p == hero else 3 for p in seats}
-    return {
-        "match_id": match_id,
-        "fork": 0,
-        "seats": seats,
-        "hero": hero,
-        "centres": centres,
-        "ranks": ranks(centres),
-        "final_phase": "W1910A",
-        "solo": None,
-    }
+    return MatchResult(
+        match_id=match_id,
+        fork=0,
+        seats=seats,
+        hero=hero,
+        centres=centres,
+        ranks=ranks(centres),
+        final_phase="W1910A",
+        solo=None,
+        forks=1,
+    )
 
 
 def worst_anchor_win_rate(learner: Learner) -> float:
@@ -122,7 +124,7 @@ def run_league(
         if (t + 1) % publish_every == 0:
             version += 1
             ref = f"main@v{version}"
-            if manager.register_version("main", ref, t + 1)["snapshot"]:
+            if manager.register_version("main", ref, t + 1).snapshot:
                 latents[ref] = learner.latent()
     summary = manager.summary()
     return {"kinds": kinds, "worst": worst, "picks": picks, "summary": summary, "latents": latents}

@@ -1,8 +1,9 @@
 """Typed configuration of the league (Hydra group `league`, `conf/league/<name>.yaml`).
 
 Which trained roles exist is configuration: the `pfsp` preset trains `main` alone, `league` adds a
-main exploiter and a league exploiter. Every share and probability is range-checked on construction,
-so a typo'd value fails when the config is loaded, not hours into a run.
+main exploiter and a league exploiter (what each role does: `diprl.league.roles.ROLE_TABLE`). Every
+share and probability is range-checked on construction, so a typo'd value fails when the config is
+loaded, not hours into a run.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from pathlib import Path
 
 from diprl.structured_config import load_structured
 
-ROLES = ("main", "main_exploiter", "league_exploiter")
-"""Trained roles; each is its own policy name with its own learner."""
 SEAT_MODES = ("one", "each")
 MAIN_WEIGHTINGS = ("hard", "variance", "linear_capped", "nash")
 
@@ -93,16 +92,26 @@ class LeagueConfig:
     main_exploiter: MainExploiterConfig = field(default_factory=MainExploiterConfig)
     league_exploiter: LeagueExploiterConfig = field(default_factory=LeagueExploiterConfig)
     max_pending: int = 10_000  # matches handed out and not yet reported that the manager remembers
+    # Which seats of a match train (`Match.train`): "learners" = the hero and every seat the league filled
+    # with a learner's current version (self-play seats, main's seats in an exploiter's match); "hero" = the
+    # hero alone. Snapshots, base and bots are never trained.
+    train_seats: str = "learners"
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from diprl.league.roles import ROLE_TABLE, TRAIN_SEAT_MODES
+
+        known = tuple(ROLE_TABLE)
         if not self.roles:
-            raise ValueError(f"league.roles must name at least one trained role of {ROLES}")
-        unknown = [r for r in self.roles if r not in ROLES]
+            raise ValueError(f"league.roles must name at least one trained role of {known}")
+        unknown = [r for r in self.roles if r not in ROLE_TABLE]
         if unknown or len(set(self.roles)) != len(self.roles):
-            raise ValueError(f"league.roles must be distinct names from {ROLES}, got {list(self.roles)}")
-        if "main_exploiter" in self.roles and "main" not in self.roles:
-            raise ValueError("league.roles: main_exploiter plays only the main agent, so it needs 'main' too")
+            raise ValueError(f"league.roles must be distinct names from {known}, got {list(self.roles)}")
+        for name in self.roles:
+            role = ROLE_TABLE[name]
+            missing = [r for r in role.requires if r not in self.roles]
+            if missing:
+                raise ValueError(f"league.roles: {name} plays {role.plays}, so it needs {missing} too")
         if not self.anchors and "main" in self.roles and self.main.anchors > 0:
             raise ValueError("league.anchors is empty but league.main.anchors reserves a share of games for them")
         from diprl.league.members import validate_anchor
@@ -122,6 +131,8 @@ class LeagueConfig:
         if self.snapshot_steps < 1:
             raise ValueError(f"league.snapshot_steps must be >= 1, got {self.snapshot_steps}")
         _unit("snapshot_win_rate", self.snapshot_win_rate)
+        if self.train_seats not in TRAIN_SEAT_MODES:
+            raise ValueError(f"league.train_seats must be one of {TRAIN_SEAT_MODES}, got {self.train_seats!r}")
         if self.max_pending < 1:
             raise ValueError(f"league.max_pending must be >= 1, got {self.max_pending}")
 

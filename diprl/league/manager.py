@@ -1,16 +1,21 @@
 """The LeagueManager: pool, payoff, ratings, roles and matchmaking, persisted after every change.
 
-The training driver talks to it in four calls: `register_version` when a learner publishes (it may
-answer "snapshot" and "reset"), `next_match` for a role's next game, `report` with the MatchResults
-of played matches, and `summary` for the progress line and the README. `league_actor` runs it as the
-named Ray actor "league" that Ray restarts after a crash; every state change is written to
-`run_dir/league/` before the call returns, so a restarted manager continues where it was and a call
-Ray retries after the crash is answered the same (registrations and reports are idempotent).
+The training driver talks to it in four calls: `register_version` when a learner publishes (a
+`VersionDecision`: maybe "snapshot", maybe "reset"), `next_match` for a role's next `Match`, `report`
+with the `MatchResult`s of played matches, and `summary` for the progress line and the README. What
+each role does (who it plays, its snapshot and reset rules) is the role table (`roles.py`): nothing
+here branches on a role's name.
+
+`league_actor` runs it as the named Ray actor "league" that Ray restarts after a crash; every state
+change is written to `run_dir/league/` before the call returns, so a restarted manager continues where
+it was and a call Ray retries after the crash is answered the same (registrations and reports are
+idempotent).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,27 +24,21 @@ from typing import Any
 import numpy as np
 
 from diprl.league.config import LeagueConfig
-from diprl.league.matchmaking import (
-    KINDS,
-    Pick,
-    league_exploiter_pick,
-    main_exploiter_pick,
-    main_pick,
-)
-from diprl.league.members import ANCHOR, LEARNER, POWERS, SNAPSHOT, Member, UnknownPolicyRef, version_number
+from diprl.league.matchmaking import KINDS
+from diprl.league.members import ANCHOR, LEARNER, POWERS, SNAPSHOT, Member, version_number
 from diprl.league.nash import max_entropy_nash
 from diprl.league.payoff import Payoff, match_outcomes
 from diprl.league.persist import load_state, save_state
 from diprl.league.ratings import Ratings
+from diprl.league.role_state import STATE_VERSION, RoleState, VersionDecision, upgrade_state
+from diprl.league.roles import ROLE_TABLE, trained_seats
 from diprl.league.snapshot import should_snapshot
-from diprl.messages import Match, MatchResult
+from diprl.messages import Match, MatchResult, PolicyRef, UnknownPolicyRef
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
 DONE_MEMORY = 20_000  # reported match ids remembered, so a retried report is not counted twice
 NASH_REFRESH = 20  # matches reported between recomputations of the Nash weights used for matchmaking
-_RESULT_KEYS = ("match_id", "fork", "seats", "hero", "centres", "ranks")
 
 
 class LeagueManager:
@@ -49,7 +48,7 @@ class LeagueManager:
         self.config = config
         self.dir = Path(run_dir) / "league"
         self.members: dict[str, Member] = {}
-        self.roles: dict[str, dict[str, Any]] = {}
+        self.roles: dict[str, RoleState] = {}
         self.payoff = Payoff(config.decay, config.min_games)
         self.ratings = Ratings()
         self.rng = np.random.default_rng(config.seed)
@@ -65,13 +64,12 @@ class LeagueManager:
         self._save()
 
     # ------------------------------------------------------------------------------------ public API
-    def register_version(self, policy: str, version: str, learner_step: int) -> dict[str, Any]:
+    def register_version(self, policy: str, version: str, learner_step: int) -> VersionDecision:
         """A learner published `version` at `learner_step`: maybe snapshot it, maybe ask for a reset.
 
-        Returns {"snapshot": bool, "reset": bool, "member": snapshot key or None, "steps_since_snapshot",
-        "win_rate"}. On "reset" the driver calls that policy's `Learner.reset()` and registers the
-        version it publishes. Registering the current version again returns the same answer (a retried
-        call, or a resumed run whose learner checkpointed exactly what the league knows), whatever step.
+        On `reset` the driver calls that policy's `Learner.reset()` and registers the version it
+        publishes. Registering the current version again returns the same decision (a retried call, or a
+        resumed run whose learner checkpointed exactly what the league knows), whatever step.
 
         Versions only move forward: a learner restored from an older checkpoint publishes its weights
         again under a new number (see `Learner`), so an older version here is a bug, not a resume. The
@@ -84,45 +82,49 @@ class LeagueManager:
             raise UnknownPolicyRef(f"version {version!r} does not belong to policy {policy!r}")
         if isinstance(learner_step, bool) or not isinstance(learner_step, int) or learner_step < 0:
             raise ValueError(f"learner_step must be a non-negative int, got {learner_step!r}")
-        last = role["decision"]
-        if role["current"] == version and last is not None:
-            return dict(last["answer"])
-        if role["current"] is not None and number <= version_number(role["current"])[1]:
+        if role.current == version and role.decision is not None:
+            return role.decision
+        if role.current is not None and number <= version_number(role.current)[1]:
             raise ValueError(
-                f"{policy}: version {version!r} is not newer than the current {role['current']!r} (a learner "
+                f"{policy}: version {version!r} is not newer than the current {role.current!r} (a learner "
                 "restored from an older checkpoint must publish its weights under a new number)"
             )
-        role["current"] = version
-        answer: dict[str, Any] = {"snapshot": False, "reset": False, "member": None}
-        if role["baseline_step"] is None or role["awaiting_reset"] or learner_step < role["baseline_step"]:
-            role["baseline_step"] = learner_step  # first version, a fresh adapter, or a restarted step counter
-            role["awaiting_reset"] = False
-        steps = learner_step - role["baseline_step"]
+        role.current = version
+        if role.baseline_step is None or role.awaiting_reset or learner_step < role.baseline_step:
+            role.baseline_step = learner_step  # first version, a fresh adapter, or a restarted step counter
+            role.awaiting_reset = False
+        steps = learner_step - role.baseline_step
         win_rate = self._role_win_rate(policy)
-        answer |= {"steps_since_snapshot": steps, "win_rate": win_rate}
+        snapshot = reset = False
+        member = None
         if should_snapshot(steps, win_rate, self.config.snapshot_steps, self.config.snapshot_win_rate):
-            answer["snapshot"] = True
-            answer["member"] = self._snapshot(policy, version)
-            role["baseline_step"] = learner_step
-            if self.rng.random() < self._reset_probability(policy):
-                answer["reset"] = True
+            snapshot = True
+            member = self._snapshot(policy, version)
+            role.baseline_step = learner_step
+            if self.rng.random() < ROLE_TABLE[policy].reset_probability(self.config):
+                reset = True
                 self._reset(policy)
-        role["decision"] = {"step": learner_step, "answer": answer}
+        role.decision = VersionDecision(snapshot, reset, member, steps, win_rate)
         self._save()
-        return dict(answer)
+        return role.decision
 
     def next_match(self, policy: str) -> Match:
-        """The next game for `policy`'s current version: hero power stratified, six seats by its role."""
+        """The next game for `policy`'s current version: hero power stratified, six seats by its role.
+
+        `Match.train` lists the seats that train (`LeagueConfig.train_seats`, see `roles.trained_seats`).
+        """
         role = self._role(policy)
-        if role["current"] is None:
+        if role.current is None:
             raise RuntimeError(f"{policy} has no version yet: register_version({policy!r}, ...) first")
-        pick = self._pick(policy)
+        pick = ROLE_TABLE[policy].pick(self, policy)
         hero_power = self._next_hero_power(policy)
         others = [p for p in POWERS if p != hero_power]
         members = {hero_power: policy} | dict(zip(others, pick.opponents, strict=True))
         seats = {p: self._ref_of(m) for p, m in members.items()}
-        match_id = f"{policy}-{role['matches']}"
-        role["matches"] += 1
+        learners = [k for k in members.values() if self.members[k].kind == LEARNER]
+        train = trained_seats(hero_power, members, learners, self.config.train_seats)
+        match_id = f"{policy}-{role.matches}"
+        role.matches += 1
         seed = int(self.rng.integers(0, 2**31 - 1))
         self.pending[match_id] = {
             "policy": policy,
@@ -136,29 +138,31 @@ class LeagueManager:
         counts = self.counts.setdefault(policy, {k: 0 for k in KINDS})
         counts[pick.kind] = counts.get(pick.kind, 0) + 1
         self._save()
-        return Match(match_id=match_id, seats=seats, hero=hero_power, seed=seed, train=(hero_power,))
+        return Match(match_id=match_id, seats=seats, hero=hero_power, seed=seed, train=train)
 
-    def report(self, results: Sequence[Mapping[str, Any]]) -> None:
-        """MatchResult dicts of played matches; the G forks of one match weigh 1/G each.
+    def report(self, results: Sequence[MatchResult]) -> None:
+        """The `MatchResult`s of played matches: all G forks of a match in one call, each weighing 1/G.
 
-        Report all forks of a match in one call (a worker's `play` returns them together). A match
-        reported twice (a retried call) is ignored the second time.
+        G is each result's `forks`; a match reported with another number of forks is an error (a
+        worker's `play` returns them together). A match reported twice (a retried call) is ignored the
+        second time.
         """
-        by_match: dict[str, list[Mapping[str, Any]]] = {}
-        for result in (r.to_dict() if isinstance(r, MatchResult) else r for r in results):
-            missing = [k for k in _RESULT_KEYS if k not in result]
-            if missing:
-                raise ValueError(f"a MatchResult dict lacks {missing}: {dict(result)!r:.200}")
-            by_match.setdefault(str(result["match_id"]), []).append(result)
+        by_match: dict[str, list[MatchResult]] = {}
+        for result in results:
+            if not isinstance(result, MatchResult):
+                raise TypeError(
+                    f"report takes diprl.messages.MatchResult objects, got {type(result).__name__}: {result!r:.200}"
+                )
+            by_match.setdefault(result.match_id, []).append(result)
         plans = [(mid, self._match_plan(mid, forks)) for mid, forks in by_match.items()]  # validate everything first
         for match_id, plan in plans:
             if plan is None:
                 self.reported["ignored"] += 1
                 continue
             hero_member, forks = plan
-            for member, outcome in match_outcomes(
-                [(f["centres"], f["hero"], f["members"]) for f in forks], hero_member
-            ).items():
+            weights = [f["weight"] for f in forks]
+            outcomes = match_outcomes([(f["centres"], f["hero"], f["members"]) for f in forks], hero_member, weights)
+            for member, outcome in outcomes.items():
                 self.payoff.update(hero_member, member, outcome)
             self.ratings.rate([(f["members"], f["ranks"]) for f in forks])
             self.pending.pop(match_id, None)
@@ -173,14 +177,14 @@ class LeagueManager:
         A driver stopped between the answer and `Learner.reset()` finds this on resume and resets then,
         so the learner's weights agree with the statistics the league already forgot.
         """
-        return bool(self._role(policy)["awaiting_reset"])
+        return self._role(policy).awaiting_reset
 
     def current(self, policy: str) -> str:
         """The current version of a trained policy (`<policy>@v<N>`)."""
-        role = self._role(policy)
-        if role["current"] is None:
+        current = self._role(policy).current
+        if current is None:
             raise RuntimeError(f"{policy} has no version yet: register_version({policy!r}, ...) first")
-        return str(role["current"])
+        return current
 
     def refs_in_use(self) -> list[str]:
         """Every PolicyRef the league may still hand out or be told about, sorted.
@@ -188,15 +192,14 @@ class LeagueManager:
         The current version of every role, every pool member's ref, and the seats of matches handed out
         and not yet reported. What the adapter store must keep when it deletes old versions.
         """
-        refs = {str(r["current"]) for r in self.roles.values() if r["current"] is not None}
+        refs = {r.current for r in self.roles.values() if r.current is not None}
         refs |= {m.ref for m in self.members.values() if m.kind != LEARNER}
         for match in self.pending.values():
             refs |= {str(ref) for ref in match["seats"].values()}
         return sorted(refs)
 
     def pid_of(self) -> int:
-        import os
-
+        """This actor's process id (the driver's watchdog notices a restart by its change)."""
         return os.getpid()
 
     def rating(self, ref: str) -> float | None:
@@ -206,7 +209,7 @@ class LeagueManager:
         learner steps for the progress line.
         """
         for key, member in self.members.items():
-            if member.kind == LEARNER and self.roles[key]["current"] is None:
+            if member.kind == LEARNER and self.roles[key].current is None:
                 continue
             if self._ref_of(key) == ref:
                 return float(self.ratings.get(key).ordinal)
@@ -222,14 +225,14 @@ class LeagueManager:
         "snapshots": {policy: n}, "resets": {policy: n}, "pending": n}
         """
         keys = list(self.members)
-        nash = self._nash(force=True)
+        nash = self._nash_weights(force=True)
         ratings = {k: self.ratings.get(k) for k in keys}
         games = {k: sum(self.payoff.games(k, o) for o in keys if o != k) for k in keys}
         pool = []
         for key in keys:
             member = self.members[key]
             rating = ratings[key]
-            ref = self._ref_of(key) if member.kind != LEARNER or self.roles[key]["current"] else None
+            ref = self._ref_of(key) if member.kind != LEARNER or self.roles[key].current else None
             pool.append(
                 {"member": key, "kind": member.kind, "role": member.role, "ref": ref}
                 | {"rating": rating.ordinal, "mu": rating.mu, "sigma": rating.sigma}
@@ -237,7 +240,7 @@ class LeagueManager:
             )
         return {
             "roles": list(self.config.roles),
-            "current": {p: r["current"] for p, r in self.roles.items()},
+            "current": {p: r.current for p, r in self.roles.items()},
             "pool": pool,
             "payoff": {
                 "members": keys,
@@ -248,13 +251,31 @@ class LeagueManager:
             "nash": nash,
             "matches": {p: dict(c) for p, c in self.counts.items()},
             "reported": dict(self.reported),
-            "snapshots": {p: r["snapshots"] for p, r in self.roles.items()},
-            "resets": {p: r["resets"] for p, r in self.roles.items()},
+            "snapshots": {p: r.snapshots for p, r in self.roles.items()},
+            "resets": {p: r.resets for p, r in self.roles.items()},
             "pending": len(self.pending),
         }
 
+    # ------------------------------------------------------------- what the role table reads (LeagueView)
+    def anchors(self) -> list[str]:
+        return [k for k in self.config.anchors if k in self.members]
+
+    def snapshots(self, roles: Sequence[str] | None = None) -> list[str]:
+        return [k for k, m in self.members.items() if m.kind == SNAPSHOT and (roles is None or m.role in roles)]
+
+    def pool(self) -> list[str]:
+        """The frozen members: anchors and every snapshot."""
+        return self.anchors() + self.snapshots()
+
+    def win_rate(self, member: str, opponent: str) -> float:
+        return self.payoff.win_rate(member, opponent)
+
+    def nash(self) -> dict[str, float]:
+        """Nash weights for matchmaking (refreshed every NASH_REFRESH reported matches)."""
+        return self._nash_weights()
+
     # ------------------------------------------------------------------------------------ internals
-    def _role(self, policy: str) -> dict[str, Any]:
+    def _role(self, policy: str) -> RoleState:
         if policy not in self.roles or policy not in self.config.roles:
             known = list(self.config.roles)
             raise UnknownPolicyRef(f"{policy!r} is not a trained role of this league (roles: {known})")
@@ -266,111 +287,43 @@ class LeagueManager:
             self.members.setdefault(ref, Member(ref, ANCHOR, ANCHOR, ref))
         for policy in self.config.roles:
             self.members.setdefault(policy, Member(policy, LEARNER, policy, policy))
-            self.roles.setdefault(
-                policy,
-                {
-                    "current": None,
-                    "baseline_step": None,
-                    "awaiting_reset": False,
-                    "snapshots": 0,
-                    "resets": 0,
-                    "matches": 0,
-                    "hero_cycle": [],
-                    "decision": None,
-                },
-            )
+            self.roles.setdefault(policy, RoleState())
         self.payoff.decay = self.config.decay
         self.payoff.min_games = self.config.min_games
-
-    def _anchors(self) -> list[str]:
-        return [k for k in self.config.anchors if k in self.members]
-
-    def _snapshots(self, roles: Sequence[str] | None = None) -> list[str]:
-        return [k for k, m in self.members.items() if m.kind == SNAPSHOT and (roles is None or m.role in roles)]
-
-    def _pool(self) -> list[str]:
-        return self._anchors() + self._snapshots()
 
     def _ref_of(self, key: str) -> str:
         member = self.members[key]
         if member.kind != LEARNER:
             return member.ref
-        current = self.roles[key]["current"]
+        current = self.roles[key].current
         if current is None:
             raise RuntimeError(f"{key} has no version yet: register_version({key!r}, ...) before matching against it")
-        return str(current)
-
-    def _pick(self, policy: str) -> Pick:
-        cfg = self.config
-
-        def win_rate(member: str) -> float:
-            return self.payoff.win_rate(policy, member)
-
-        if policy == "main":
-            nash = self._nash() if cfg.main.weighting == "nash" else None
-            return main_pick(
-                self.rng,
-                cfg.main,
-                hero=policy,
-                anchors=self._anchors(),
-                pool=self._pool(),
-                exploiter_snapshots=self._snapshots(("main_exploiter", "league_exploiter")),
-                own_snapshots=self._snapshots(("main",)),
-                win_rate=win_rate,
-                seats=cfg.seats,
-                p=cfg.pfsp_p,
-                nash=nash,
-            )
-        if policy == "main_exploiter":
-            return main_exploiter_pick("main")
-        nash = self._nash() if cfg.league_exploiter.weighting == "nash" else None
-        return league_exploiter_pick(
-            self.rng,
-            hero=policy,
-            pool=self._pool(),
-            win_rate=win_rate,
-            weighting=cfg.league_exploiter.weighting,
-            seats=cfg.seats,
-            p=cfg.pfsp_p,
-            nash=nash,
-        )
+        return current
 
     def _next_hero_power(self, policy: str) -> str:
         """Powers in shuffled cycles of seven: every seven matches of a role cover every power once."""
         role = self.roles[policy]
-        if not role["hero_cycle"]:
-            role["hero_cycle"] = [POWERS[int(i)] for i in self.rng.permutation(len(POWERS))]
-        return str(role["hero_cycle"].pop())
+        if not role.hero_cycle:
+            role.hero_cycle = [POWERS[int(i)] for i in self.rng.permutation(len(POWERS))]
+        return role.hero_cycle.pop()
 
     def _role_win_rate(self, policy: str) -> float:
         """The snapshot rule's win rate: the lowest against the role's opponents (0.5 when it has none)."""
-        if policy == "main_exploiter":
-            opponents = ["main"]
-        elif policy == "main":
-            opponents = self._snapshots(("main",)) or self._pool()
-        else:
-            opponents = self._pool()
+        opponents = ROLE_TABLE[policy].snapshot_opponents(self, policy)
         return min(self.payoff.win_rates(policy, opponents), default=0.5)
-
-    def _reset_probability(self, policy: str) -> float:
-        if policy == "main_exploiter":
-            return self.config.main_exploiter.reset_probability
-        if policy == "league_exploiter":
-            return self.config.league_exploiter.reset_probability
-        return 0.0
 
     def _snapshot(self, policy: str, version: str) -> str:
         if version not in self.members:
             self.members[version] = Member(version, SNAPSHOT, policy, version)
             self.ratings.set(version, self.ratings.get(policy))  # same weights as the learner right now
-            self.roles[policy]["snapshots"] += 1
+            self.roles[policy].snapshots += 1
         return version
 
     def _reset(self, policy: str) -> None:
         """A fresh adapter replaces the learner: forget its statistics and its unreported matches."""
         role = self.roles[policy]
-        role["resets"] += 1
-        role["awaiting_reset"] = True
+        role.resets += 1
+        role.awaiting_reset = True
         self.payoff.forget(policy)
         self.ratings.forget(policy)
         for match_id in [m for m, p in self.pending.items() if policy in p["members"].values()]:
@@ -379,36 +332,35 @@ class LeagueManager:
 
     def _member_of(self, ref: str, hero_seat: bool) -> str:
         """The member a PolicyRef in a result stands for, for matches this manager did not hand out."""
-        if not isinstance(ref, str):
-            raise UnknownPolicyRef(f"a PolicyRef must be a string, got {ref!r}")
+        parsed = PolicyRef.parse(ref)
         if ref in self.members and self.members[ref].kind == ANCHOR:
             return ref
-        if ref == "base" or ref.startswith("bot:"):
-            raise UnknownPolicyRef(f"{ref!r} is not an anchor of this league (anchors: {self._anchors()})")
-        policy, _ = version_number(ref)
+        if not parsed.is_adapter:
+            raise UnknownPolicyRef(f"{ref!r} is not an anchor of this league (anchors: {self.anchors()})")
         if not hero_seat and ref in self.members:
             return ref
-        if policy in self.roles:
-            return policy
+        if parsed.policy in self.roles:
+            return parsed.policy
         if ref in self.members:
             return ref
         raise UnknownPolicyRef(f"{ref!r} is neither a trained role nor a snapshot of this league")
 
-    def _match_plan(
-        self, match_id: str, results: Sequence[Mapping[str, Any]]
-    ) -> tuple[str, list[dict[str, Any]]] | None:
-        """(hero member, validated forks with members by power) for one match; None if already counted."""
+    def _match_plan(self, match_id: str, results: Sequence[MatchResult]) -> tuple[str, list[dict[str, Any]]] | None:
+        """(hero member, validated forks with members by power and weight 1/G) of one match; None if counted."""
         if match_id in self.done:
             return None
         plan = self.pending.get(match_id)
         forks: dict[int, dict[str, Any]] = {}
         hero_member = None
+        n_forks = results[0].forks
+        if isinstance(n_forks, bool) or not isinstance(n_forks, int) or n_forks < 1:
+            raise ValueError(f"match {match_id}: forks must be a positive int (G), got {n_forks!r}")
         for result in results:
-            seats = dict(result["seats"])
-            for name in ("seats", "centres", "ranks"):
-                if sorted(result[name]) != sorted(POWERS):
-                    raise ValueError(f"match {match_id}: {name} must name the seven powers, got {sorted(result[name])}")
-            hero = str(result["hero"])
+            seats = dict(result.seats)
+            for name, value in (("seats", result.seats), ("centres", result.centres), ("ranks", result.ranks)):
+                if sorted(value) != sorted(POWERS):
+                    raise ValueError(f"match {match_id}: {name} must name the seven powers, got {sorted(value)}")
+            hero = str(result.hero)
             if plan is not None:
                 # In self-play every seat is the policy's member: only the recorded hero power identifies it.
                 if seats != plan["seats"] or hero != plan.get("hero", hero):
@@ -419,19 +371,29 @@ class LeagueManager:
             if hero_member is not None and members[hero] != hero_member:
                 raise ValueError(f"match {match_id}: forks disagree on the hero")
             hero_member = members[hero]
-            fork = int(result["fork"])
+            fork = int(result.fork)
+            if result.forks != n_forks:
+                raise ValueError(f"match {match_id}: forks disagree on G ({result.forks} and {n_forks})")
+            if not 0 <= fork < n_forks:
+                raise ValueError(f"match {match_id}: fork {fork} is not one of its G={n_forks} forks")
             if fork in forks:
                 raise ValueError(f"match {match_id}: fork {fork} reported twice in one call")
             forks[fork] = {
                 "hero": hero,
                 "members": members,
-                "centres": {p: int(n) for p, n in result["centres"].items()},
-                "ranks": {p: int(r) for p, r in result["ranks"].items()},
+                "centres": {p: int(n) for p, n in result.centres.items()},
+                "ranks": {p: int(r) for p, r in result.ranks.items()},
+                "weight": 1.0 / n_forks,
             }
+        if len(forks) != n_forks:
+            raise ValueError(
+                f"match {match_id}: {len(forks)} of its G={n_forks} forks reported; "
+                "report all forks of a match in one call"
+            )
         assert hero_member is not None
         return hero_member, [forks[k] for k in sorted(forks)]
 
-    def _nash(self, force: bool = False) -> dict[str, float]:
+    def _nash_weights(self, force: bool = False) -> dict[str, float]:
         stamp = self.reported["matches"] // NASH_REFRESH
         if force or self._nash_cache is None or self._nash_cache[0] != stamp:
             # Solved over measured pairs only; members outside the measured set get no weight.
@@ -446,7 +408,7 @@ class LeagueManager:
         return {
             "version": STATE_VERSION,
             "members": [m.to_dict() for m in self.members.values()],
-            "roles": self.roles,
+            "roles": {p: r.to_dict() for p, r in self.roles.items()},
             "payoff": self.payoff.to_dict(),
             "ratings": self.ratings.to_dict(),
             "rng": self.rng.bit_generator.state,
@@ -457,10 +419,9 @@ class LeagueManager:
         }
 
     def _restore(self, state: Mapping[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise RuntimeError(f"{self.dir}: league state version {state.get('version')!r}, expected {STATE_VERSION}")
+        state = upgrade_state(state, str(self.dir))
         self.members = {m["key"]: Member(m["key"], m["kind"], m["role"], m["ref"]) for m in state["members"]}
-        self.roles = {p: dict(r) for p, r in state["roles"].items()}
+        self.roles = {p: RoleState.from_dict(r, p) for p, r in state["roles"].items()}
         self.payoff = Payoff.from_dict(state["payoff"])
         self.ratings = Ratings.from_dict(state["ratings"])
         self.rng.bit_generator.state = state["rng"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diprl.inference.adapters import BASE, AdapterError, parse_policy_ref
+from diprl.messages import PolicyRef, UnknownPolicyRef
 
 POWERS: tuple[str, ...] = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
 """The seven powers of the standard map, sorted (what `DiplomacyGame().powers` returns)."""
@@ -21,31 +21,28 @@ LEARNER = "learner"
 SNAPSHOT = "snapshot"
 
 
-class UnknownPolicyRef(ValueError):
-    """A PolicyRef that is malformed or names nobody in this league."""
-
-
 def validate_anchor(ref: str) -> str:
     """An anchor is a rule bot (`bot:<name>` of a registered bot) or `base`; anything else is an error."""
-    if ref == BASE:
-        return ref
-    if isinstance(ref, str) and ref.startswith("bot:"):
+    parsed = PolicyRef.parse(ref)
+    if parsed.is_bot:
         from diprl.bots import BOT_NAMES
 
-        if ref[4:] in BOT_NAMES:
-            return ref
-        raise UnknownPolicyRef(f"unknown bot {ref!r} as a league anchor; known bots: {', '.join(BOT_NAMES)}")
-    raise UnknownPolicyRef(f"a league anchor must be 'base' or 'bot:<name>', got {ref!r}")
+        if parsed.name not in BOT_NAMES:
+            raise UnknownPolicyRef(f"unknown bot {ref!r} as a league anchor; known bots: {', '.join(BOT_NAMES)}")
+    elif not parsed.is_base:
+        raise UnknownPolicyRef(f"a league anchor must be 'base' or 'bot:<name>', got {ref!r}")
+    return ref
 
 
 def version_number(ref: str) -> tuple[str, int]:
     """(policy, N) of an adapter version `<policy>@v<N>`; a clear error for anything else."""
     try:
-        parsed = parse_policy_ref(ref)
-    except AdapterError as exc:
-        raise UnknownPolicyRef(str(exc)) from None
-    if parsed is None:
-        raise UnknownPolicyRef(f"{ref!r} is the base model, not a version of a trained policy")
+        parsed = PolicyRef.parse(ref)
+    except UnknownPolicyRef as exc:
+        raise UnknownPolicyRef(f"invalid adapter name for a trained policy's version: {exc}") from None
+    if not parsed.is_adapter:
+        what = "the base model" if parsed.is_base else "a rule bot"
+        raise UnknownPolicyRef(f"{ref!r} is {what}, not a version of a trained policy")
     return parsed.policy, parsed.version
 
 

@@ -10,7 +10,7 @@ game counts by `decay`, so an old result weighs decay^k after k newer games of t
 table follows learners that improve. A pair with fewer than `min_games` (decayed) games reads 0.5.
 
 The G forks of one match are correlated continuations of one state, not G games: each fork's outcome
-weighs 1/G and the pair's counts decay once per match (`match_outcomes`).
+weighs 1/G (`MatchResult.forks` = G) and the pair's counts decay once per match (`match_outcomes`).
 """
 
 from __future__ import annotations
@@ -39,26 +39,31 @@ Fork = tuple[Mapping[str, int], str, Mapping[str, str]]
 """(centres by power, hero power, member by power) of one fork."""
 
 
-def match_outcomes(forks: Sequence[Fork], hero_member: str) -> dict[str, float]:
-    """Member -> outcome of one match for the hero, each of the G forks weighing 1/G.
+def match_outcomes(forks: Sequence[Fork], hero_member: str, weights: Sequence[float] | None = None) -> dict[str, float]:
+    """Member -> outcome of one match for the hero: the forks' outcomes averaged with `weights`.
 
-    `forks` holds, per fork, (centres by power, hero power, member by power). Seats played by the
-    hero's own member are not opponents (self-play yields nothing). A member missing from some forks
-    is averaged over the forks it appears in.
+    `forks` holds, per fork, (centres by power, hero power, member by power); `weights` is each fork's
+    weight, 1/G for the G forks of a match (equal weights when omitted). Seats played by the hero's own
+    member are not opponents (self-play yields nothing). A member missing from some forks is averaged
+    over the forks it appears in.
     """
     if not forks:
         raise ValueError("a match needs at least one fork")
+    if weights is None:
+        weights = [1.0] * len(forks)
+    if len(weights) != len(forks) or any(not w > 0.0 for w in weights):
+        raise ValueError(f"need one positive weight per fork, got {list(weights)} for {len(forks)} forks")
     sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for centres, hero, members in forks:
+    totals: dict[str, float] = {}
+    for (centres, hero, members), weight in zip(forks, weights, strict=True):
         by_member: dict[str, list[str]] = {}
         for power, member in members.items():
             if power != hero and member != hero_member:
                 by_member.setdefault(member, []).append(power)
         for member, seats in by_member.items():
-            sums[member] = sums.get(member, 0.0) + hero_outcome(centres, hero, seats)
-            counts[member] = counts.get(member, 0) + 1
-    return {m: sums[m] / counts[m] for m in sorted(sums)}
+            sums[member] = sums.get(member, 0.0) + weight * hero_outcome(centres, hero, seats)
+            totals[member] = totals.get(member, 0.0) + weight
+    return {m: sums[m] / totals[m] for m in sorted(sums)}
 
 
 @dataclass

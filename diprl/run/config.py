@@ -20,8 +20,6 @@ from diprl.structured_config import CONF_DIR, ConfigError
 
 __all__ = ["CONF_DIR", "Config", "ConfigError", "compose_config"]
 
-TRAIN_SEATS = ("hero", "learners")
-
 
 @dataclass
 class EvalScheduleConfig:
@@ -39,7 +37,8 @@ class EvalScheduleConfig:
 
 @dataclass
 class RolloutConfig:
-    """How games are played for training: workers, matches in flight, episodes, rewards, trained seats.
+    """How games are played for training: workers, matches in flight, episodes, rewards. Which seats of a
+    match are trained is the league's call (`league.train_seats`: hero | learners).
 
     Sizing: a PolicyServer replica sees up to `num_workers x matches_in_flight x group_size x LLM seats`
     requests per phase (7 seats in self-play); keep that near its `max_num_seqs` (README: "Sizing").
@@ -50,9 +49,6 @@ class RolloutConfig:
     matches_in_flight: int = 8  # per worker, played in lockstep: one policy call per phase for all of them
     reward: str = "default"  # conf/reward/<name>.yaml
     train_turns: str | None = None  # fork | all; None: the reward config's credit.train_turns
-    # hero: only the seat the league asked about yields a group; learners: every seat the league filled
-    # with a learner's current version does (self-play trains all seven decisions it pays for).
-    train_seats: str = "learners"
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     match_retries: int = 3  # a match whose call failed (replica restart, ...) is replayed this often
 
@@ -180,8 +176,6 @@ def check(config: Config) -> None:
         problems.append(str(exc))
     if r.train_turns not in (None, "fork", "all"):
         problems.append(f"rollout.train_turns must be fork or all, got {r.train_turns!r}")
-    if r.train_seats not in TRAIN_SEATS:
-        problems.append(f"rollout.train_seats must be one of {', '.join(TRAIN_SEATS)}, got {r.train_seats!r}")
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
 

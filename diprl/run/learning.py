@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from diprl.league.role_state import VersionDecision
 from diprl.messages import StepReport
 from diprl.run.journal import Journal
 
@@ -110,9 +111,11 @@ class LearnerLoop:
         self.journal.log("rollout", self.journal.stats.rollout_record(report.step, self.queue_depth()), policy)
         if report.published:
             self.versions[policy] = report.published
-            decision = ray.get(self.league.register_version.remote(policy, report.published, report.step))
-            self.journal.log("league", {"version": report.published, **_plain(decision)}, policy)
-            if _reset(decision):
+            decision: VersionDecision = ray.get(
+                self.league.register_version.remote(policy, report.published, report.step)
+            )
+            self.journal.log("league", {"version": report.published, **decision.to_dict()}, policy)
+            if decision.reset:
                 version = str(ray.get(self.learners[policy].reset.remote()))
                 self.versions[policy] = version
                 ray.get(self.league.register_version.remote(policy, version, report.step))
@@ -128,16 +131,3 @@ class LearnerLoop:
                 ray.get(learner.save_checkpoint.remote())
             except Exception as exc:
                 self.journal.fault({"checkpoint": policy, "error": repr(exc)[:500]}, policy)
-
-
-def _reset(decision: Any) -> bool:
-    return bool(decision.get("reset") if isinstance(decision, dict) else getattr(decision, "reset", False))
-
-
-def _plain(decision: Any) -> dict[str, Any]:
-    import dataclasses
-    import json
-
-    is_instance = dataclasses.is_dataclass(decision) and not isinstance(decision, type)
-    data = dataclasses.asdict(decision) if is_instance else dict(decision)
-    return dict(json.loads(json.dumps(data, default=str)))

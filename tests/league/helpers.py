@@ -3,35 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from diprl.game.scoring import ranks
-from diprl.messages import Match
+from diprl.messages import Match, MatchResult
 
 
-def results_for(match: Match, centres_of: Callable[[str, str], int], forks: int = 1) -> list[dict[str, Any]]:
-    """MatchResult dicts: `centres_of(power, ref)` gives each seat's centres (the same in every fork)."""
+def results_for(match: Match, centres_of: Callable[[str, str], int], forks: int = 1) -> list[MatchResult]:
+    """The MatchResults of all G=`forks` forks; `centres_of(power, ref)`: each seat's centres (in every fork)."""
     out = []
     for fork in range(forks):
         centres = {p: centres_of(p, ref) for p, ref in match.seats.items()}
         out.append(
-            {
-                "match_id": match.match_id,
-                "fork": fork,
-                "seats": dict(match.seats),
-                "hero": match.hero,
-                "centres": centres,
-                "ranks": ranks(centres),
-                "final_phase": "W1905A",
-                "solo": None,
-            }
+            MatchResult(
+                match_id=match.match_id,
+                fork=fork,
+                seats=dict(match.seats),
+                hero=match.hero,
+                centres=centres,
+                ranks=ranks(centres),
+                final_phase="W1905A",
+                solo=None,
+                forks=forks,
+            )
         )
     return out
 
 
-def hero_wins(match: Match) -> list[dict[str, Any]]:
-    return results_for(match, lambda p, ref: 6 if p == match.hero else 3)
+def hero_wins(match: Match, forks: int = 1) -> list[MatchResult]:
+    return results_for(match, lambda p, ref: 6 if p == match.hero else 3, forks)
 
 
-def hero_loses(match: Match) -> list[dict[str, Any]]:
-    return results_for(match, lambda p, ref: 1 if p == match.hero else 3)
+def hero_loses(match: Match, forks: int = 1) -> list[MatchResult]:
+    return results_for(match, lambda p, ref: 1 if p == match.hero else 3, forks)

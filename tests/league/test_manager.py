@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from diprl.league import LeagueConfig, LeagueManager
 from diprl.league.config import LeagueExploiterConfig, MainRoleConfig
-from diprl.league.members import POWERS, UnknownPolicyRef
+from diprl.league.members import POWERS
 from diprl.league.persist import PREVIOUS_FILE, STATE_FILE, CorruptLeagueState
+from diprl.league.role_state import VersionDecision
+from diprl.messages import UnknownPolicyRef
 
 from .helpers import hero_loses, hero_wins, results_for
 
@@ -39,7 +42,7 @@ def test_hero_power_is_stratified_and_seats_hold_refs(tmp_path: Path) -> None:
 def test_forks_weigh_one_over_g_in_the_payoff(tmp_path: Path) -> None:
     manager = league(tmp_path, anchors=["bot:dumbbot"], main=ONLY_ANCHORS, decay=1.0)
     match = manager.next_match("main")
-    win, lose = hero_wins(match)[0], hero_loses(match)[0] | {"fork": 1}
+    win, lose = hero_wins(match, forks=2)[0], hero_loses(match, forks=2)[1]
     manager.report([win, lose])
     payoff = manager.summary()["payoff"]
     i, j = payoff["members"].index("main"), payoff["members"].index("bot:dumbbot")
@@ -50,24 +53,37 @@ def test_forks_weigh_one_over_g_in_the_payoff(tmp_path: Path) -> None:
     assert manager.summary()["reported"] == {"matches": 1, "results": 2, "ignored": 1}
 
 
+def test_a_match_is_reported_with_all_its_forks_and_one_g(tmp_path: Path) -> None:
+    manager = league(tmp_path, anchors=["bot:dumbbot"], main=ONLY_ANCHORS)
+    match = manager.next_match("main")
+    first, second = hero_wins(match, forks=2)
+    with pytest.raises(ValueError, match="1 of its G=2 forks reported"):
+        manager.report([first])
+    with pytest.raises(ValueError, match="forks disagree on G"):
+        manager.report([first, replace(second, forks=3)])
+    with pytest.raises(ValueError, match="fork 2 is not one of its G=2 forks"):
+        manager.report([first, replace(second, fork=2)])
+    with pytest.raises(ValueError, match="positive int"):
+        manager.report([replace(first, forks=0)])
+    assert manager.summary()["reported"] == {"matches": 0, "results": 0, "ignored": 0}  # nothing counted
+    manager.report([second, first])
+    assert manager.summary()["reported"] == {"matches": 1, "results": 2, "ignored": 0}
+
+
 def test_snapshot_rule_through_the_manager(tmp_path: Path) -> None:
     manager = league(tmp_path, anchors=["bot:dumbbot"], main=ONLY_ANCHORS, snapshot_steps=10)
-    assert manager.register_version("main", "main@v2", 9)["snapshot"] is False  # < N
+    assert manager.register_version("main", "main@v2", 9).snapshot is False  # < N
     answer = manager.register_version("main", "main@v3", 10)
-    assert answer["snapshot"] is False and answer["win_rate"] == 0.5  # N reached, nothing beaten yet
+    assert answer.snapshot is False and answer.win_rate == 0.5  # N reached, nothing beaten yet
     for _ in range(3):
         manager.report(hero_wins(manager.next_match("main")))
     answer = manager.register_version("main", "main@v4", 11)
-    assert answer | {"steps_since_snapshot": 11} == {
-        "snapshot": True,
-        "reset": False,
-        "member": "main@v4",
-        "steps_since_snapshot": 11,
-        "win_rate": 1.0,
-    }
+    assert replace(answer, steps_since_snapshot=11) == VersionDecision(
+        snapshot=True, reset=False, member="main@v4", steps_since_snapshot=11, win_rate=1.0
+    )
     assert manager.register_version("main", "main@v4", 11) == answer  # a retried call: same answer
-    assert manager.register_version("main", "main@v5", 30)["snapshot"] is False  # 19 steps since the last
-    assert manager.register_version("main", "main@v6", 31)["snapshot"] is True  # 2N since the last one
+    assert manager.register_version("main", "main@v5", 30).snapshot is False  # 19 steps since the last
+    assert manager.register_version("main", "main@v6", 31).snapshot is True  # 2N since the last one
     pool = {m["member"]: m["kind"] for m in manager.summary()["pool"]}
     assert pool == {"bot:dumbbot": "anchor", "main": "learner", "main@v4": "snapshot", "main@v6": "snapshot"}
     with pytest.raises(ValueError, match="not newer"):
@@ -82,16 +98,16 @@ def test_main_exploiter_resets_when_it_beats_main_and_on_timeout(tmp_path: Path)
     for _ in range(3):
         manager.report(hero_wins(manager.next_match("main_exploiter")))
     answer = manager.register_version("main_exploiter", "main_exploiter@v2", 10)
-    assert answer["snapshot"] and answer["reset"] and answer["win_rate"] == 1.0
+    assert answer.snapshot and answer.reset and answer.win_rate == 1.0
     summary = manager.summary()
     assert summary["resets"]["main_exploiter"] == 1
     i = summary["payoff"]["members"].index("main_exploiter")
     assert sum(summary["payoff"]["games"][i]) == 0.0  # a fresh adapter starts with no statistics
     # the driver reset the learner and registers the fresh version: the snapshot clock restarts there
-    assert manager.register_version("main_exploiter", "main_exploiter@v3", 3)["snapshot"] is False
-    assert manager.register_version("main_exploiter", "main_exploiter@v4", 12)["snapshot"] is False
+    assert manager.register_version("main_exploiter", "main_exploiter@v3", 3).snapshot is False
+    assert manager.register_version("main_exploiter", "main_exploiter@v4", 12).snapshot is False
     answer = manager.register_version("main_exploiter", "main_exploiter@v5", 23)  # losing, but 2N passed
-    assert answer["snapshot"] and answer["reset"] and answer["win_rate"] == 0.5
+    assert answer.snapshot and answer.reset and answer.win_rate == 0.5
 
 
 @pytest.mark.parametrize(("probability", "snapshots", "resets"), [(0.0, 5, 0), (1.0, 3, 3)])
@@ -106,14 +122,14 @@ def test_league_exploiter_resets_with_its_probability(
     )
     answers = [manager.register_version("league_exploiter", f"league_exploiter@v{v}", 2 * v) for v in range(2, 7)]
     # after a reset the next registration is the fresh adapter: its step starts the clock, no snapshot
-    assert sum(a["snapshot"] for a in answers) == snapshots
-    assert sum(a["reset"] for a in answers) == resets == manager.summary()["resets"]["league_exploiter"]
+    assert sum(a.snapshot for a in answers) == snapshots
+    assert sum(a.reset for a in answers) == resets == manager.summary()["resets"]["league_exploiter"]
 
 
 def test_reset_drops_unreported_matches_of_the_old_adapter(tmp_path: Path) -> None:
     manager = league(tmp_path, roles=["main", "main_exploiter"], snapshot_steps=1)
     stale = manager.next_match("main_exploiter")
-    assert manager.register_version("main_exploiter", "main_exploiter@v2", 2)["reset"]
+    assert manager.register_version("main_exploiter", "main_exploiter@v2", 2).reset
     manager.report(hero_wins(stale))
     assert manager.summary()["reported"]["ignored"] == 1
 
@@ -161,16 +177,16 @@ def test_unknown_refs_and_bad_options_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(UnknownPolicyRef, match="does not belong"):
         manager.register_version("main", "other@v2", 1)
     match = manager.next_match("main")
-    stranger = results_for(match, lambda p, ref: 3)[0] | {"match_id": "elsewhere-1"}
-    stranger["seats"] = dict.fromkeys(POWERS, "bot:hold")
+    result = results_for(match, lambda p, ref: 3)[0]
+    stranger = replace(result, match_id="elsewhere-1", seats=dict.fromkeys(POWERS, "bot:hold"))
     with pytest.raises(UnknownPolicyRef, match="not an anchor"):
         manager.report([stranger])
-    with pytest.raises(ValueError, match="lacks"):
-        manager.report([{"match_id": "x"}])
+    with pytest.raises(TypeError, match="MatchResult objects, got dict"):
+        manager.report([{"match_id": "x"}])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="seven powers"):
-        manager.report([results_for(match, lambda p, ref: 3)[0] | {"centres": {"AUSTRIA": 3}}])
+        manager.report([replace(result, centres={"AUSTRIA": 3})])
     with pytest.raises(ValueError, match="differ"):
-        manager.report([results_for(match, lambda p, ref: 3)[0] | {"seats": dict.fromkeys(POWERS, "base")}])
+        manager.report([replace(result, seats=dict.fromkeys(POWERS, "base"))])
     for bad in (
         {"roles": ["main", "coach"]},
         {"roles": ["main_exploiter"]},
@@ -250,7 +266,7 @@ def test_rating_of_a_ref_matches_the_summary_without_solving_nash(tmp_path: Path
 def test_a_resumed_learner_registers_its_current_version_again_and_versions_only_move_forward(tmp_path: Path) -> None:
     manager = league(tmp_path, anchors=["bot:dumbbot"], main=ONLY_ANCHORS, snapshot_steps=1)
     answer = manager.register_version("main", "main@v2", 10)
-    assert answer["snapshot"] and answer["member"] == "main@v2"
+    assert answer.snapshot and answer.member == "main@v2"
     # A resume whose learner checkpointed exactly this version registers it again at its own step.
     assert manager.register_version("main", "main@v2", 9) == answer
     # A learner restored from an older checkpoint publishes its weights anew (v3); v2 stays a snapshot.
@@ -264,7 +280,7 @@ def test_a_reset_the_learner_never_made_is_pending_after_a_restart(tmp_path: Pat
     config = LeagueConfig(roles=["main", "main_exploiter"], snapshot_steps=1)
     manager = league(tmp_path, roles=["main", "main_exploiter"], snapshot_steps=1)
     assert not manager.pending_reset("main_exploiter")
-    assert manager.register_version("main_exploiter", "main_exploiter@v2", 2)["reset"]
+    assert manager.register_version("main_exploiter", "main_exploiter@v2", 2).reset
     assert LeagueManager(config, tmp_path).pending_reset("main_exploiter")  # the driver died before reset()
     manager.register_version("main_exploiter", "main_exploiter@v3", 2)  # the reset's version arrived
     assert not LeagueManager(config, tmp_path).pending_reset("main_exploiter")
@@ -280,6 +296,6 @@ def test_refs_in_use_are_what_the_adapter_store_must_keep(tmp_path: Path) -> Non
     assert manager.refs_in_use() == ["bot:dumbbot", "main@v3"]
     for _ in range(3):
         manager.report(hero_wins(manager.next_match("main")))
-    assert manager.register_version("main", "main@v4", 200)["snapshot"] is True
+    assert manager.register_version("main", "main@v4", 200).snapshot is True
     manager.register_version("main", "main@v5", 201)
     assert manager.refs_in_use() == ["bot:dumbbot", "main@v4", "main@v5"]  # v4 stays: a pool snapshot

@@ -25,7 +25,7 @@ def test_killed_league_actor_restarts_with_its_state(tmp_path: Path) -> None:
         for _ in range(4):
             match = ray.get(league.next_match.remote("main"))
             ray.get(league.report.remote(hero_wins(match)))
-        assert ray.get(league.register_version.remote("main", "main@v2", 3))["snapshot"]
+        assert ray.get(league.register_version.remote("main", "main@v2", 3)).snapshot
         before = ray.get(league.summary.remote())
         pid = ray.get(league.__ray_call__.remote(lambda self: os.getpid()))
         ray.kill(league, no_restart=False)

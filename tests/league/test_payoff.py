@@ -26,6 +26,10 @@ def test_match_outcomes_weigh_each_fork_one_over_g_and_skip_self_play_seats() ->
     lose = {A: 0, E: 6, F: 1, G: 1, I: 1, R: 1, T: 0}  # loses to the bot, ties base
     out = match_outcomes([(win, A, members), (lose, A, members)], "main")
     assert out == {"base": pytest.approx(0.25), "bot": pytest.approx(0.5)}  # (0 + 0.5)/2, (1 + 0)/2
+    weighted = match_outcomes([(win, A, members), (lose, A, members)], "main", [0.25, 0.75])
+    assert weighted == {"base": pytest.approx(0.375), "bot": pytest.approx(0.25)}  # 0.75 * 0.5, 0.25 * 1
+    with pytest.raises(ValueError, match="one positive weight per fork"):
+        match_outcomes([(win, A, members)], "main", [0.5, 0.5])
 
 
 def test_decay_and_symmetry_by_hand() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from diprl.game import DiplomacyGame
+from diprl.messages import TrainingRecord, TrajectoryGroup
 from diprl.policy.prompt import build_prompt
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.clients import UniformConstrainedClient
-from diprl.messages import TrainingRecord, TrajectoryGroup
 
 
 def make_group(

@@ -41,7 +41,9 @@ def _episode(train_turns: str = "fork", group_size: int = 3, **episode: Any) -> 
     _, table = _table()
     credit = CreditAssigner(CreditConfig(train_turns=train_turns))
     options: dict[str, Any] = {"warmup_max_phases": 0, "horizon_years": 1, "trace_fraction": 0.0} | episode
-    return Episode(EpisodeConfig(group_size=group_size, **options), Rubric(load_reward_config("default")), credit, table)
+    return Episode(
+        EpisodeConfig(group_size=group_size, **options), Rubric(load_reward_config("default")), credit, table
+    )
 
 
 def _run(episode: Episode, match: Match, client: Any = None) -> EpisodeOutput:
@@ -186,8 +188,11 @@ def test_a_share_of_matches_starts_from_stored_mid_game_states(tmp_path: Any) ->
     _, table = _table()
     config = EpisodeConfig(group_size=2, warmup_max_phases=0, trace_fraction=0.0, start_state_share=1.0)
     episode = Episode(config, Rubric(load_reward_config("default")), CreditAssigner(CreditConfig()), table, store)
-    years = {int(g.phase[1:5]) for out in play_matches(episode, [_match(s) for s in range(6)], _client())[0]
-             for g in out.groups}
+    years = {
+        int(g.phase[1:5])
+        for out in play_matches(episode, [_match(s) for s in range(6)], _client())[0]
+        for g in out.groups
+    }
     assert max(years) > 1905, f"starts from later years: {sorted(years)}"
     with pytest.raises(ValueError, match="start-state store"):
         Episode(config, Rubric(load_reward_config("default")), CreditAssigner(CreditConfig()), table)
