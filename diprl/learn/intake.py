@@ -101,6 +101,7 @@ class GroupIntake:
         delivered enough within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
+            self._pull(0.0)
             self._drop_stale(fresh)
             if len(self.waiting) >= self.groups_per_step:
                 break
@@ -108,7 +109,6 @@ class GroupIntake:
             if left <= 0:
                 return None
             self._pull(left)
-            self._pull(0.0)
         batch, self.waiting = balanced(self.waiting, self.groups_per_step)
         return batch
 

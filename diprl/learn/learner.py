@@ -438,7 +438,7 @@ class Learner:
                     raise BadRecord("malformed", f"record {i}: a {type(record).__name__}, not a TrainingRecord")
                 prepared = prepare_record(record, self.table, i, need_rl_fields=rl, max_len=self.preset.max_model_len)
             except BadRecord as err:
-                out.quarantined.append(_quarantine_entry(err.reason, str(err), origin, _plain(record)))
+                out.quarantined.append(_quarantine_entry(err.reason, str(err), origin, record))
                 continue
             out.prepared.append(prepared)
             out.records.append(record)
@@ -873,7 +873,7 @@ def _text(value: Any) -> str | None:
 
 def _quarantine_entry(reason: str, error: str, origin: Origin, record: Any) -> dict[str, Any]:
     """One quarantine line: why, where the record came from, and the record itself (so nothing is lost)."""
-    return {"reason": reason, "error": error[:1000], **asdict(origin), "record": record}
+    return {"reason": reason, "error": error[:1000], **asdict(origin), "record": _plain(record)}
 
 
 def _origins(quarantined: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ import torch
 from diprl.game import DiplomacyGame
 from diprl.inference.adapters import AdapterStore
 from diprl.inference.config import ServerConfig
+from diprl.messages import Generation
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.logprobs import constrained_logprobs
 from diprl.policy.models import create_tiny_model, load_preset, logits_width, resolve_model_path
@@ -96,7 +97,7 @@ def _requests(policies: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _reference_logprobs(result: dict[str, Any], request: dict[str, Any], lora_dir: Path | None) -> torch.Tensor:
+def _reference_logprobs(result: Generation, request: dict[str, Any], lora_dir: Path | None) -> torch.Tensor:
     """The same completion scored by transformers (+ PEFT) under the same mask and temperature."""
     from peft import PeftModel
 
@@ -108,33 +109,33 @@ def _reference_logprobs(result: dict[str, Any], request: dict[str, Any], lora_di
     if lora_dir is not None:
         model = PeftModel.from_pretrained(model, str(lora_dir))
     model.eval()
-    ids = torch.tensor([result["prompt_ids"] + result["token_ids"]])
+    ids = torch.tensor([result.prompt_ids + result.token_ids])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(result["prompt_ids"]) - 1 : -1]
+        logits = model(ids).logits[0, len(result.prompt_ids) - 1 : -1]
     table = token_table(load_tokenizer(path), logits_width(preset))
-    masks = OrderConstraint(PowerOrders.from_dict(request["legal"]), table).masks_for(result["token_ids"])
-    return constrained_logprobs(logits, masks, torch.tensor(result["token_ids"]), request["temperature"])
+    masks = OrderConstraint(PowerOrders.from_dict(request["legal"]), table).masks_for(result.token_ids)
+    return constrained_logprobs(logits, masks, torch.tensor(result.token_ids), request["temperature"])
 
 
 def test_base_and_two_adapters_in_one_batch_each_get_their_own_policy(server: Server) -> None:
     requests = _requests(["base", "alpha@v1", "beta@v1", "alpha@v1", "beta@v1", "base"])
     results = server.generate(requests)
-    assert [r["error"] for r in results] == [None] * 6
-    assert all(r["complete"] for r in results), [r["text"] for r in results]
+    assert [r.error for r in results] == [None] * 6
+    assert all(r.complete for r in results), [r.text for r in results]
     for request, result in zip(requests, results, strict=True):
         lora = server.lora_dirs.get(request["policy"])
-        ours = torch.tensor(result["logprobs"])
+        ours = torch.tensor(result.logprobs)
         assert torch.allclose(ours, _reference_logprobs(result, request, lora), atol=1e-4), request["policy"]
     # And the wrong policy does not explain the output: adapters really differ.
     alpha = results[1]
     wrong = _reference_logprobs(alpha, requests[1], server.lora_dirs["beta@v1"])
-    assert not torch.allclose(torch.tensor(alpha["logprobs"]), wrong, atol=1e-3)
+    assert not torch.allclose(torch.tensor(alpha.logprobs), wrong, atol=1e-3)
 
 
 def test_publishing_while_requests_flow_fails_nothing_and_the_new_version_is_served(
     server: Server, tmp_path: Path
 ) -> None:
-    results: list[dict[str, Any]] = []
+    results: list[Generation] = []
     errors: list[BaseException] = []
 
     def traffic() -> None:
@@ -151,12 +152,12 @@ def test_publishing_while_requests_flow_fails_nothing_and_the_new_version_is_ser
     ref = server.store.publish("alpha", lora_v2)
     thread.join(timeout=600)
     assert errors == [] and len(results) == 9
-    assert all(r["error"] is None and r["complete"] for r in results)
+    assert all(r.error is None and r.complete for r in results)
     request = _requests([ref.name])[0]
     [fresh] = server.generate([request])
-    assert fresh["error"] is None and fresh["complete"]
+    assert fresh.error is None and fresh.complete
     expected = _reference_logprobs(fresh, request, lora_v2)
-    assert torch.allclose(torch.tensor(fresh["logprobs"]), expected, atol=1e-4)
+    assert torch.allclose(torch.tensor(fresh.logprobs), expected, atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -172,8 +173,8 @@ def test_publishing_while_requests_flow_fails_nothing_and_the_new_version_is_ser
 )
 def test_bad_policy_names_fail_alone_with_a_clear_error(server: Server, policy: str, message: str) -> None:
     results = server.generate(_requests([policy, "beta@v1"]))
-    assert results[0]["error"] is not None and message in results[0]["error"]
-    assert results[1]["error"] is None and results[1]["complete"]
+    assert results[0].error is not None and message in results[0].error
+    assert results[1].error is None and results[1].complete
 
 
 def test_corrupt_adapter_and_malformed_requests_fail_alone(server: Server, tmp_path: Path) -> None:
@@ -186,10 +187,10 @@ def test_corrupt_adapter_and_malformed_requests_fail_alone(server: Server, tmp_p
     results = server.generate(
         [_requests([ref.name])[0], bad_legal, dict(good, prompt=""), dict(good, temperature=-1), good]
     )
-    assert "CorruptAdapter" in results[0]["error"] and "adapter_model.safetensors" in results[0]["error"]
-    assert "'legal' must have exactly the keys" in results[1]["error"]
-    assert "prompt" in results[2]["error"] and "temperature" in results[3]["error"]
-    assert results[4]["error"] is None and results[4]["complete"]
+    assert "CorruptAdapter" in results[0].error and "adapter_model.safetensors" in results[0].error
+    assert "'legal' must have exactly the keys" in results[1].error
+    assert "prompt" in results[2].error and "temperature" in results[3].error
+    assert results[4].error is None and results[4].complete
 
 
 def test_a_version_that_travels_through_the_object_store_is_served(server: Server, tmp_path: Path) -> None:
@@ -202,10 +203,10 @@ def test_a_version_that_travels_through_the_object_store_is_served(server: Serve
     assert ref.name not in server.store
     request = _requests([ref.name])[0]
     [result] = server.generate([request])
-    assert result["error"] is None and result["complete"]
-    assert torch.allclose(torch.tensor(result["logprobs"]), _reference_logprobs(result, request, lora), atol=1e-4)
+    assert result.error is None and result.complete
+    assert torch.allclose(torch.tensor(result.logprobs), _reference_logprobs(result, request, lora), atol=1e-4)
     [missing] = server.generate(_requests(["remote@v2"]))
-    assert "UnknownAdapter" in missing["error"]
+    assert "UnknownAdapter" in missing.error
 
 
 def test_openai_compatible_completions_route(server: Server) -> None:
@@ -233,8 +234,8 @@ def test_openai_compatible_completions_route(server: Server) -> None:
 def test_adapters_beyond_the_lru_are_unloaded(server: Server, tmp_path: Path) -> None:
     ref = server.store.publish("delta", make_lora_dir(tmp_path / "delta", seed=5))
     before = server.handle.status.remote().result(timeout_s=60)
-    assert all(r["error"] is None for r in server.generate(_requests(["alpha@v1", "beta@v1", "base"])))
-    assert all(r["error"] is None for r in server.generate(_requests([ref.name])))
+    assert all(r.error is None for r in server.generate(_requests(["alpha@v1", "beta@v1", "base"])))
+    assert all(r.error is None for r in server.generate(_requests([ref.name])))
     status = server.handle.status.remote().result(timeout_s=60)
     # The server keeps at most 2 versions loaded (loaded_adapters=2): loading delta unloads one.
     assert status["loaded"][-1] == ref.name and len(status["loaded"]) == 2
@@ -277,12 +278,12 @@ def test_every_malformed_request_fails_alone_and_the_batch_gets_one_result_each(
     batch = [good, *[b for b, _ in bad], *twins]
     results = server.generate(batch)
     assert len(results) == len(batch)
-    assert results[0]["error"] is None and results[0]["complete"]
+    assert results[0].error is None and results[0].complete
     for (_, message), result in zip(bad, results[1 : 1 + len(bad)], strict=True):
-        assert result["error"] is not None and message in result["error"], (message, result["error"])
+        assert result.error is not None and message in result.error, (message, result.error)
     for twin, result in zip(twins, results[-2:], strict=True):  # duplicate ids: each answered, its own policy
-        assert result["error"] is None and result["complete"] and result["request_id"] == "same"
-        assert result["policy"] == twin["policy"]
+        assert result.error is None and result.complete and result.request_id == "same"
+        assert result.policy == twin["policy"]
     status = server.handle.status.remote().result(timeout_s=60)
     assert status["dead"] is None
 
@@ -296,9 +297,9 @@ def test_generate_with_a_string_is_an_error_not_one_request_per_character(server
 def test_tampered_foreign_and_nested_adapters_are_refused_on_load(server: Server, tmp_path: Path) -> None:
     flip = server.store.publish("flip", make_lora_dir(tmp_path / "flip", seed=21))
     [first] = server.generate(_requests([flip.name]))
-    assert first["error"] is None
+    assert first.error is None
     # Load two others: the server keeps 2 loaded, so `flip` is unloaded and must be read again.
-    assert all(r["error"] is None for r in server.generate(_requests(["alpha@v1", "beta@v1"])))
+    assert all(r.error is None for r in server.generate(_requests(["alpha@v1", "beta@v1"])))
     weights = server.store.resolve(flip.name).path / "adapter_model.safetensors"
     st = weights.stat()
     weights.chmod(0o644)
@@ -314,10 +315,10 @@ def test_tampered_foreign_and_nested_adapters_are_refused_on_load(server: Server
     manifest.chmod(0o644)
     manifest.write_text("[" * 50_000 + "]" * 50_000)  # found: RecursionError escaped the handler
     results = server.generate(_requests([flip.name, foreign.name, nested.name, "base"]))
-    assert "CorruptAdapter" in results[0]["error"] and "sha256" in results[0]["error"]
-    assert "IncompatibleAdapter" in results[1]["error"] and "Qwen/Qwen3-8B" in results[1]["error"]
-    assert "CorruptAdapter" in results[2]["error"] and "RecursionError" in results[2]["error"]
-    assert results[3]["error"] is None and results[3]["complete"]
+    assert "CorruptAdapter" in results[0].error and "sha256" in results[0].error
+    assert "IncompatibleAdapter" in results[1].error and "Qwen/Qwen3-8B" in results[1].error
+    assert "CorruptAdapter" in results[2].error and "RecursionError" in results[2].error
+    assert results[3].error is None and results[3].complete
 
 
 def test_the_http_route_refuses_bools_and_bad_unicode(server: Server) -> None:
@@ -357,7 +358,7 @@ def test_a_second_server_for_another_adapter_store_is_refused_and_the_first_keep
         serve_policy(other)
     stop_serving(other.name, adapter_root=other.adapter_root)  # the refused run's cleanup leaves it alone
     results = server.generate(_requests(["alpha@v1", "base"]))
-    assert all(r["error"] is None and r["complete"] for r in results)
+    assert all(r.error is None and r.complete for r in results)
     after = server.handle.status.remote().result(timeout_s=60)
     assert after["actor_id"] == before["actor_id"]  # the same replica, never redeployed
 
@@ -389,11 +390,9 @@ def test_fuzz_malformed_requests_mixed_with_good_ones(server: Server) -> None:
         assert len(results) == len(batch)
         answered_good = results[25 : 25 + len(goods)]
         FUZZ_COUNTS["good"] += len(goods)
-        FUZZ_COUNTS["good_failed"] += sum(r["error"] is not None or not r["complete"] for r in answered_good)
+        FUZZ_COUNTS["good_failed"] += sum(r.error is not None or not r.complete for r in answered_good)
         FUZZ_COUNTS["malformed"] += len(bad)
-        FUZZ_COUNTS["malformed_answered"] += sum(
-            r["error"] is not None for r in results[:25] + results[25 + len(goods) :]
-        )
+        FUZZ_COUNTS["malformed_answered"] += sum(r.error is not None for r in results[:25] + results[25 + len(goods) :])
 
     start = time.perf_counter()
     batch_of()
@@ -421,18 +420,16 @@ def test_a_dead_engine_fails_in_flight_requests_and_its_replica_is_replaced(serv
         os.kill(pid, signal.SIGKILL)
     try:
         results = in_flight.result(timeout_s=120)
-        assert all(r["error"] is not None or r["complete"] for r in results)  # finished ones may have made it
+        assert all(r.error is not None or r.complete for r in results)  # finished ones may have made it
     except Exception as exc:  # the replica may be torn down under the call: an error, not a hang
         assert "timed out" not in str(exc).lower(), exc
     deadline = time.time() + 300
     while True:
         try:
             results = server.generate(_requests(["base", "alpha@v1"]), timeout=120)
-            if all(r["error"] is None and r["complete"] for r in results):
+            if all(r.error is None and r.complete for r in results):
                 break
-            assert all(
-                r["error"] and r["error"].startswith(("EngineDead", "EngineError")) for r in results if r["error"]
-            )
+            assert all(r.error and r.error.startswith(("EngineDead", "EngineError")) for r in results if r.error)
         except AssertionError:
             raise
         except Exception:

@@ -179,16 +179,16 @@ def test_a_cold_load_does_not_hold_up_requests_for_an_adapter_already_loaded(mak
     engine = make_engine(fake)
 
     async def scenario() -> None:
-        assert (await engine.generate_one(request("b@v1")))["error"] is None  # b is loaded
+        assert (await engine.generate_one(request("b@v1"))).error is None  # b is loaded
         fake.load_gates["a@v1"] = asyncio.Event()
         cold = asyncio.create_task(engine.generate_one(request("a@v1")))
         await asyncio.wait_for(fake.started("a@v1").wait(), WAIT_S)  # a's load is in progress, held
         warm = asyncio.create_task(engine.generate_one(request("b@v1")))
         done, _ = await asyncio.wait({cold, warm}, timeout=WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-        assert done == {warm} and warm.result()["error"] is None  # b answered while a still loads
+        assert done == {warm} and warm.result().error is None  # b answered while a still loads
         assert not cold.done()
         fake.load_gates["a@v1"].set()
-        assert (await asyncio.wait_for(cold, WAIT_S))["error"] is None
+        assert (await asyncio.wait_for(cold, WAIT_S)).error is None
 
     asyncio.run(scenario())
     assert fake.events.index("generated b@v1", fake.events.index("load a@v1")) < fake.events.index("loaded a@v1")
@@ -205,7 +205,7 @@ def test_concurrent_first_requests_for_one_adapter_load_it_once(make_engine: Any
         return list(await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S))
 
     results = asyncio.run(scenario())
-    assert [r["error"] for r in results] == [None] * 3
+    assert [r.error for r in results] == [None] * 3
     assert fake.events.count("load a@v1") == 1 and engine.loads == 1
     assert len(engine._loading) == 0  # no lock kept for a name once no one waits on it
 
@@ -219,7 +219,7 @@ def test_vllm_reads_a_private_copy_of_the_verified_bytes_never_the_store(
     fake = FakeEngine()
     engine = make_engine(fake)
     published = (lora_dirs["a"] / WEIGHTS_FILE).read_bytes()
-    assert asyncio.run(engine.generate_one(request("a@v1")))["error"] is None
+    assert asyncio.run(engine.generate_one(request("a@v1"))).error is None
     given = Path(fake.paths["a@v1"])
     assert store.root not in given.parents and given.name == store.resolve("a@v1").fingerprint
     assert fake.weights_read["a@v1"] == published
@@ -236,14 +236,14 @@ def test_a_tampered_adapter_is_refused_on_load_and_other_adapters_are_served(
     engine = make_engine(fake, loaded_adapters=1)
 
     async def scenario() -> list[dict[str, Any]]:
-        assert (await engine.generate_one(request("a@v1")))["error"] is None
-        assert (await engine.generate_one(request("b@v1")))["error"] is None  # a is unloaded (LRU of 1)
+        assert (await engine.generate_one(request("a@v1"))).error is None
+        assert (await engine.generate_one(request("b@v1"))).error is None  # a is unloaded (LRU of 1)
         tamper(store.root / "a" / "v1", (lora_dirs["c"] / WEIGHTS_FILE).read_bytes())
         return list(await engine.generate([request("a@v1"), request("b@v1"), request("c@v1"), request("base")]))
 
     results = asyncio.run(scenario())
-    assert "CorruptAdapter" in results[0]["error"] and "fingerprint pinned when it was published" in results[0]["error"]
-    assert [r["error"] for r in results[1:]] == [None, None, None]
+    assert "CorruptAdapter" in results[0].error and "fingerprint pinned when it was published" in results[0].error
+    assert [r.error for r in results[1:]] == [None, None, None]
     assert fake.events.count("load a@v1") == 1  # the tampered bytes never reached the engine
 
 
@@ -252,8 +252,8 @@ def test_private_copies_go_with_their_adapter_and_with_the_engine(make_engine: A
     engine = make_engine(fake, loaded_adapters=1)
 
     async def scenario() -> None:
-        assert (await engine.generate_one(request("a@v1")))["error"] is None
-        assert (await engine.generate_one(request("b@v1")))["error"] is None
+        assert (await engine.generate_one(request("a@v1"))).error is None
+        assert (await engine.generate_one(request("b@v1"))).error is None
 
     asyncio.run(scenario())
     assert engine.loaded() == ["b@v1"] and engine.unloads == 1
@@ -271,8 +271,8 @@ def test_prompts_are_tokenised_off_the_event_loop(make_engine: Any, tiny_tokeniz
     engine = make_engine(FakeEngine(), tokenizer=tokenizer)
 
     async def scenario() -> int:
-        assert (await engine.generate_one(request("base", "A PAR - BUR " * 2000)))["error"] is not None  # too long
-        assert (await engine.generate_one(request("base")))["error"] is None
+        assert (await engine.generate_one(request("base", "A PAR - BUR " * 2000))).error is not None  # too long
+        assert (await engine.generate_one(request("base"))).error is None
         return threading.get_ident()
 
     loop_thread = asyncio.run(scenario())
@@ -336,7 +336,7 @@ def test_the_http_route_is_bounded_and_cannot_starve_the_handle_path(make_engine
             assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
             assert "http_max_ongoing" in refused.json()["error"]["message"]
             training = await asyncio.wait_for(engine.generate([request("b@v1"), request("base")]), WAIT_S)
-            assert [r["error"] for r in training] == [None, None]
+            assert [r.error for r in training] == [None, None]
             assert not any(task.done() for task in held)
             fake.generate_gates["a@v1"].set()
             assert [r.status_code for r in await asyncio.wait_for(asyncio.gather(*held), WAIT_S)] == [200, 200]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from diprl.game import DiplomacyGame
-from diprl.messages import TrainingRecord, TrajectoryGroup
+from diprl.messages import GenerationRequest, TrainingRecord, TrajectoryGroup
 from diprl.policy.prompt import build_prompt
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.clients import UniformConstrainedClient
@@ -19,18 +20,19 @@ def make_group(
     power: str = "FRANCE",
     seed: int = 0,
     temperature: float = 1.0,
-) -> dict[str, Any]:
+) -> TrajectoryGroup:
     """One group: len(advantages) forks of the opening position, each with a constant per-token advantage."""
     game = DiplomacyGame()
-    request = {"policy": version, "prompt": build_prompt(game, power).text, "legal": game.legal_orders(power).to_dict()}
+    legal = game.legal_orders(power).to_dict()
+    request = GenerationRequest(policy=version, prompt=build_prompt(game, power).text, legal=legal)
     results = UniformConstrainedClient(table, seed=seed, tokenizer=tokenizer).generate([request] * len(advantages))
     records = [
         TrainingRecord(
-            prompt_ids=r["prompt_ids"],
-            completion_ids=r["token_ids"],
-            behaviour_logprobs=r["logprobs"],
-            legal=request["legal"],
-            advantages=[a] * len(r["token_ids"]),
+            prompt_ids=r.prompt_ids,
+            completion_ids=r.token_ids,
+            behaviour_logprobs=r.logprobs,
+            legal=legal,
+            advantages=[a] * len(r.token_ids),
             policy_version=version,
             temperature=temperature,
             power=power,
@@ -42,16 +44,17 @@ def make_group(
     return TrajectoryGroup(
         group_id=f"{version}-{seed}",
         match_id="m",
-        hero=power,
+        power=power,
         phase=game.phase,
         policy_version=version,
         records=records,
         returns=list(advantages),
         advantage_std=1.0,
-    ).to_dict()
+    )
 
 
-def on_policy(learner: Any, group: dict[str, Any]) -> dict[str, Any]:
+def on_policy(learner: Any, group: TrajectoryGroup) -> TrajectoryGroup:
     """The group with behaviour logprobs replaced by the learner's own (as if its engine had sampled them)."""
-    scores = learner.score(group["records"])
-    return {**group, "records": [{**r, "behaviour_logprobs": s} for r, s in zip(group["records"], scores, strict=True)]}
+    scores = learner.score(group.records)
+    records = [replace(r, behaviour_logprobs=s) for r, s in zip(group.records, scores, strict=True)]
+    return replace(group, records=records)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,8 +12,8 @@ import torch
 from diprl.game import DiplomacyGame
 from diprl.learn.batching import collate, pack_by_tokens, prepare_record
 from diprl.learn.model import completion_logprobs
+from diprl.messages import GenerationRequest, TrainingRecord
 from diprl.policy.logprobs import constrained_logprobs
-from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import TokenTable, token_table
 from diprl.rollout.clients import UniformConstrainedClient
@@ -24,27 +24,23 @@ def table() -> TokenTable:
     return token_table(load_tokenizer(), 151936)
 
 
-def _record(table: TokenTable, power: str = "FRANCE", seed: int = 0) -> dict[str, Any]:
+def _record(table: TokenTable, power: str = "FRANCE", seed: int = 0) -> TrainingRecord:
     game = DiplomacyGame()
-    request = {
-        "policy": "main@v1",
-        "prompt": build_prompt(game, power).text,
-        "legal": game.legal_orders(power).to_dict(),
-    }
-    [result] = UniformConstrainedClient(table, seed=seed).generate([{**request, "prompt": [1, 2, 3, 4, 5]}])
-    n = len(result["token_ids"])
-    return {
-        "prompt_ids": result["prompt_ids"],
-        "completion_ids": result["token_ids"],
-        "behaviour_logprobs": result["logprobs"],
-        "legal": request["legal"],
-        "advantages": [1.0] * n,
-        "policy_version": "main@v1",
-        "temperature": 1.0,
-        "power": power,
-        "phase": "S1901M",
-        "reward": 0.0,
-    }
+    legal = game.legal_orders(power).to_dict()
+    request = GenerationRequest(policy="main@v1", prompt=[1, 2, 3, 4, 5], legal=legal)
+    [result] = UniformConstrainedClient(table, seed=seed).generate([request])
+    n = len(result.token_ids)
+    return TrainingRecord(
+        prompt_ids=result.prompt_ids,
+        completion_ids=result.token_ids,
+        behaviour_logprobs=result.logprobs,
+        legal=legal,
+        advantages=[1.0] * n,
+        policy_version="main@v1",
+        temperature=1.0,
+        power=power,
+        phase="S1901M",
+    )
 
 
 def test_every_bad_record_is_a_bad_record_error_with_its_reason(table: TokenTable) -> None:
@@ -52,19 +48,19 @@ def test_every_bad_record_is_a_bad_record_error_with_its_reason(table: TokenTabl
     from diprl.learn.batching import BadRecord
 
     record = _record(table)
-    n = len(record["completion_ids"])
-    cases: list[tuple[dict[str, Any], str]] = [
-        ({**record, "behaviour_logprobs": [float("-inf")] * n}, "nonfinite"),
-        ({**record, "advantages": [float("nan")] * n}, "nonfinite"),
-        ({**record, "advantages": [1.0]}, "length_mismatch"),
-        ({**record, "completion_ids": [9707, *record["completion_ids"][1:]]}, "constraint"),
-        ({**record, "prompt_ids": [1, 2, table.vocab_size]}, "malformed"),
-        ({**record, "prompt_ids": [-1, 2]}, "malformed"),
-        ({**record, "legal": None}, "malformed"),
-        ({**record, "advantages": ["x"] * n}, "malformed"),
-        ({**record, "temperature": float("nan")}, "bad_temperature"),
-        ({**record, "temperature": 1e-40}, "bad_temperature"),
-        ({**record, "temperature": "hot"}, "bad_temperature"),
+    n = len(record.completion_ids)
+    cases: list[tuple[TrainingRecord, str]] = [
+        (replace(record, behaviour_logprobs=[float("-inf")] * n), "nonfinite"),
+        (replace(record, advantages=[float("nan")] * n), "nonfinite"),
+        (replace(record, advantages=[1.0]), "length_mismatch"),
+        (replace(record, completion_ids=[9707, *record.completion_ids[1:]]), "constraint"),
+        (replace(record, prompt_ids=[1, 2, table.vocab_size]), "malformed"),
+        (replace(record, prompt_ids=[-1, 2]), "malformed"),
+        (replace(record, legal=None), "malformed"),
+        (replace(record, advantages=["x"] * n), "malformed"),
+        (replace(record, temperature=float("nan")), "bad_temperature"),
+        (replace(record, temperature=1e-40), "bad_temperature"),
+        (replace(record, temperature="hot"), "bad_temperature"),
     ]
     for bad, reason in cases:
         with pytest.raises(BadRecord) as caught:
@@ -88,22 +84,20 @@ def test_pack_by_tokens_respects_the_budget_and_keeps_long_ones_alone() -> None:
 def test_prepare_rebuilds_one_mask_per_token_and_refuses_bad_records(table: TokenTable) -> None:
     record = _record(table)
     prepared = prepare_record(record, table)
-    assert len(prepared.allowed) == len(record["completion_ids"])
+    assert len(prepared.allowed) == len(record.completion_ids)
     # the uniform sampler's behaviour logprob is -log(#allowed): the masks are the sampler's masks
     assert prepared.behaviour == pytest.approx([-math.log(len(a)) for a in prepared.allowed])
     with pytest.raises(ValueError, match="one of each per token"):
-        prepare_record({**record, "advantages": [1.0]}, table)
+        prepare_record(replace(record, advantages=[1.0]), table)
     with pytest.raises(ValueError, match="constraint allows"):
-        bad = [9707, *record["completion_ids"][1:]]  # "Hello" where an order must start
-        prepare_record({**record, "completion_ids": bad}, table)
+        bad = [9707, *record.completion_ids[1:]]  # "Hello" where an order must start
+        prepare_record(replace(record, completion_ids=bad), table)
     with pytest.raises(ValueError, match="malformed"):
-        prepare_record({k: v for k, v in record.items() if k != "legal"}, table)
+        prepare_record(replace(record, legal={}), table)
     with pytest.raises(ValueError, match="max_model_len"):
         prepare_record(record, table, max_len=4)
-    bc = prepare_record(
-        {k: v for k, v in record.items() if k not in ("advantages", "behaviour_logprobs")}, table, need_rl_fields=False
-    )
-    assert bc.advantages == [0.0] * len(record["completion_ids"])
+    bc = prepare_record(replace(record, advantages=[], behaviour_logprobs=[]), table, need_rl_fields=False)
+    assert bc.advantages == [0.0] * len(record.completion_ids)
 
 
 def test_collate_points_each_target_at_the_position_before_it(table: TokenTable) -> None:

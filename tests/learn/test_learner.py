@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from diprl.learn.model import (
     read_adapter_dir,
 )
 from diprl.learn.train_state import engine_state, rng_state
+from diprl.messages import TrainingRecord
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.tracking import read_metrics
@@ -66,7 +68,7 @@ def test_one_step_equals_plain_adamw_on_the_token_mean_loss(shared: Learner, tok
     group = on_policy(shared, make_group(shared.table, tokenizer, "main@v1", [1.0, -1.0, 0.5, -0.5], seed=1))
     cfg = shared.config
     reference = CompletionHidden(build_peft_model(shared.preset, cfg))
-    prepared = shared._prepare(group["records"], rl=True)
+    prepared = shared._prepare(group.records, rl=True)
     mb = collate(prepared, shared.pad_id)
     logp, _ = completion_logprobs(
         reference(mb.input_ids, mb.attention_mask, mb.rows, mb.cols),
@@ -94,10 +96,12 @@ def test_one_step_equals_plain_adamw_on_the_token_mean_loss(shared: Learner, tok
     optimizer.step()
 
     metrics = shared.train_step([group])
-    assert metrics["micro_batches"] >= 2 and metrics["step"] == 1 and metrics["published"] == "main@v2"
-    assert metrics["loss"] == pytest.approx(float(loss.detach()), abs=1e-6)
-    assert metrics["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
-    assert metrics["ratio"] == pytest.approx(1.0) and metrics["tis_weight"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics.metrics["micro_batches"] >= 2 and metrics.step == 1 and metrics.published == "main@v2"
+    assert metrics.metrics["loss"] == pytest.approx(float(loss.detach()), abs=1e-6)
+    assert metrics.metrics["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+    assert metrics.metrics["ratio"] == pytest.approx(1.0) and metrics.metrics["tis_weight"] == pytest.approx(
+        1.0, abs=1e-5
+    )
     ours, theirs = lora_state(shared.peft), lora_state(reference.peft_model)
     # Adam's first step moves every weight by about lr = 2e-2; float32 summation order differs slightly,
     # and a weight whose gradient is near Adam's eps moves by lr * g / (|g| + eps), so that difference
@@ -116,13 +120,13 @@ def test_one_step_equals_plain_adamw_on_the_token_mean_loss(shared: Learner, tok
 
 def test_a_positive_advantage_completion_becomes_more_likely(shared: Learner, tokenizer: Any) -> None:
     group = make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1 / 3, -1 / 3, -1 / 3], seed=2)
-    before = [sum(s) for s in shared.score(group["records"])]
+    before = [sum(s) for s in shared.score(group.records)]
     for _ in range(4):
-        group = on_policy(shared, {**group, "policy_version": shared.latest_version()})
-        group["records"] = [{**r, "policy_version": shared.latest_version()} for r in group["records"]]
+        group = on_policy(shared, replace(group, policy_version=shared.latest_version()))
+        group.records = [replace(r, policy_version=shared.latest_version()) for r in group.records]
         metrics = shared.train_step([group])
-        assert metrics["policy_lag_max"] == 0 and metrics["dropped_stale"] == 0
-    after = [sum(s) for s in shared.score(group["records"])]
+        assert metrics.metrics["policy_lag_max"] == 0 and metrics.metrics["dropped_stale"] == 0
+    after = [sum(s) for s in shared.score(group.records)]
     rise = [a - b for a, b in zip(after, before, strict=True)]
     assert rise[0] > 0.1 and rise[0] > max(rise[1:]), rise
     assert sum(rise[1:]) < 0, rise  # the negative-advantage ones lose probability overall
@@ -136,27 +140,31 @@ def test_stale_and_foreign_groups_are_dropped_and_counted_lagged_ones_use_their_
     foreign = make_group(shared.table, tokenizer, "other@v1", [1.0, -1.0], seed=4)
     step = shared.step
     metrics = shared.train_step([stale, foreign])
-    assert metrics["trained"] == 0 and metrics["dropped_stale"] == 1 and metrics["dropped_foreign"] == 1
+    assert (
+        metrics.trained is False and metrics.metrics["dropped_stale"] == 1 and metrics.metrics["dropped_foreign"] == 1
+    )
     assert shared.step == step and shared.counters["dropped_stale"] == 1
 
     # lag 2 (allowed): the ratio is taken against v4's weights, the TIS weight against the engine
     lagged = make_group(shared.table, tokenizer, "main@v4", [1.0, -1.0], seed=5)
     with shared._weights(shared._weights_of("main@v4") or {}):
-        old = shared.score(lagged["records"])
-    lagged["records"] = [{**r, "behaviour_logprobs": s} for r, s in zip(lagged["records"], old, strict=True)]
+        old = shared.score(lagged.records)
+    lagged.records = [replace(r, behaviour_logprobs=s) for r, s in zip(lagged.records, old, strict=True)]
     metrics = shared.train_step([lagged])
-    assert metrics["trained"] == 1 and metrics["policy_lag_max"] == 2
-    assert metrics["tis_weight"] == pytest.approx(1.0, abs=1e-5)  # no engine drift: weights found exactly
-    assert abs(metrics["log_ratio"]) > 1e-4  # but the policy moved since v4
+    assert metrics.trained is True and metrics.metrics["policy_lag_max"] == 2
+    assert metrics.metrics["tis_weight"] == pytest.approx(1.0, abs=1e-5)  # no engine drift: weights found exactly
+    assert abs(metrics.metrics["log_ratio"]) > 1e-4  # but the policy moved since v4
 
 
 def test_behaviour_cloning_raises_the_likelihood_of_the_teacher_completion(shared: Learner, tokenizer: Any) -> None:
     group = make_group(shared.table, tokenizer, "main@v1", [0.0], power="ENGLAND", seed=6)
-    teacher = [{k: v for k, v in r.items() if k not in ("behaviour_logprobs", "advantages")} for r in group["records"]]
+    teacher = [replace(r, behaviour_logprobs=[], advantages=[]) for r in group.records]
     before = sum(shared.score(teacher)[0])
     for _ in range(3):
         metrics = shared.train_records(teacher, objective="bc")
-    assert metrics["objective"] == "bc" and metrics["loss_nll"] == pytest.approx(metrics["loss"])
+    assert metrics.metrics["objective"] == "bc" and metrics.metrics["loss_nll"] == pytest.approx(
+        metrics.metrics["loss"]
+    )
     assert sum(shared.score(teacher)[0]) > before + 0.1
     with pytest.raises(ValueError, match="objective"):
         shared.train_records(teacher, objective="ppo")
@@ -171,7 +179,7 @@ def test_reset_publishes_a_fresh_lora_and_drops_groups_from_before_it(shared: Le
     restored = shared.checkpoints.newest_good().checkpoint
     assert restored is not None and restored.meta["version"] == new_version
     metrics = shared.train_step([make_group(shared.table, tokenizer, old_version, [1.0, -1.0], seed=7)])
-    assert metrics["trained"] == 0 and metrics["dropped_stale"] == 1
+    assert metrics.trained is False and metrics.metrics["dropped_stale"] == 1
 
 
 def _config(**kw: Any) -> LearnerConfig:
@@ -209,7 +217,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     expected = a.train_step([groups[2]])
     expected_weights = lora_state(a.peft)
     expected_state = _snapshot(a)
-    assert expected["kl"] > 0 and expected["entropy"] > 0
+    assert expected.metrics["kl"] > 0 and expected.metrics["entropy"] > 0
     assert not _tensors_equal(at_step_2["engine"]["optimizer"], expected_state["engine"]["optimizer"])
     a.engine.destroy()
     # killed after step 3 ran but before its checkpoint landed
@@ -227,7 +235,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     assert [r["step"] for r in read_metrics(log)] == [1, 2]  # the lost step left the log...
     assert [r["step"] for r in read_metrics(log.with_name("metrics.superseded.jsonl"))] == [3]  # ...kept aside
     replay = b.train_step([groups[2]])
-    assert replay["loss"] == expected["loss"] and replay["kl"] == expected["kl"]
+    assert replay.metrics["loss"] == expected.metrics["loss"] and replay.metrics["kl"] == expected.metrics["kl"]
     weights = lora_state(b.peft)
     assert all(torch.equal(weights[k], expected_weights[k]) for k in weights)
     assert _tensors_equal(_snapshot(b), expected_state)
@@ -242,7 +250,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     [(path, reason)] = c.state()["skipped_checkpoints"]
     assert path == str(newest) and "learner.safetensors" in reason
     c.engine.destroy()
-    assert math.isfinite(expected["grad_norm"])
+    assert math.isfinite(expected.metrics["grad_norm"])
 
 
 class _Planted:
@@ -296,23 +304,23 @@ def test_default_yaml_matches_the_dataclass() -> None:
 # ---- bad records, bad steps, full disks: the step goes on -------------------------------------------
 
 
-def _nan_logprob(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
-    return {**record, "behaviour_logprobs": [float("nan"), *record["behaviour_logprobs"][1:]]}
+def _nan_logprob(record: TrainingRecord, tokenizer: Any) -> TrainingRecord:
+    return replace(record, behaviour_logprobs=[float("nan"), *record.behaviour_logprobs[1:]])
 
 
-def _rejected_by_constraint(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+def _rejected_by_constraint(record: TrainingRecord, tokenizer: Any) -> TrainingRecord:
     hello = tokenizer.encode("Hello", add_special_tokens=False)[0]  # where "<orders>" must start
-    return {**record, "completion_ids": [hello, *record["completion_ids"][1:]]}
+    return replace(record, completion_ids=[hello, *record.completion_ids[1:]])
 
 
-def _too_long(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
-    prompt = record["prompt_ids"]
-    return {**record, "prompt_ids": prompt * (4096 // len(prompt) + 1)}  # the tiny model's max_model_len is 4096
+def _too_long(record: TrainingRecord, tokenizer: Any) -> TrainingRecord:
+    prompt = record.prompt_ids
+    return replace(record, prompt_ids=prompt * (4096 // len(prompt) + 1))  # the tiny model's max_model_len is 4096
 
 
-def _overflowing_advantage(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+def _overflowing_advantage(record: TrainingRecord, tokenizer: Any) -> TrainingRecord:
     # finite per token (it passes validation), but the token sum overflows float32: a non-finite loss
-    return {**record, "advantages": [3e38] * len(record["completion_ids"])}
+    return replace(record, advantages=[3e38] * len(record.completion_ids))
 
 
 @pytest.mark.parametrize(
@@ -330,33 +338,33 @@ def test_one_bad_record_is_quarantined_and_the_rest_of_the_step_trains(
     """Found: any one of these raised out of train_step (and so ended the training run)."""
     version = shared.latest_version()
     group = on_policy(shared, make_group(shared.table, tokenizer, version, [1.0, -1.0, 0.5, -0.5], seed=30))
-    original = group["records"][2]
-    group["records"][2] = spoil(original, tokenizer)
+    original = group.records[2]
+    group.records[2] = spoil(original, tokenizer)
     step, before = shared.step, shared.counters["quarantined"]
     quarantine = shared.run_dir / "learner" / "main" / "quarantine.jsonl"
     lines_before = _lines(quarantine)
 
     metrics = shared.train_step([group])
 
-    assert metrics["trained"] == 1 and shared.step == step + 1 and metrics["published"] is not None
-    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
-    assert metrics["records"] == 3 and metrics["quarantined"] == 1
-    [entry] = metrics["quarantined_records"]
+    assert metrics.trained is True and shared.step == step + 1 and metrics.published is not None
+    assert math.isfinite(metrics.metrics["loss"]) and math.isfinite(metrics.metrics["grad_norm"])
+    assert metrics.metrics["records"] == 3 and metrics.metrics["quarantined"] == 1
+    [entry] = metrics.quarantined
     assert entry["reason"] == reason and entry["index"] == 2
-    assert entry["group_id"] == group["group_id"] and entry["policy_version"] == version
+    assert entry["group_id"] == group.group_id and entry["policy_version"] == version
     assert shared.counters["quarantined"] == before + 1
     [saved] = _lines(quarantine)[len(lines_before) :]
-    assert saved["reason"] == reason and saved["index"] == 2 and saved["group_id"] == group["group_id"]
-    assert saved["record"]["completion_ids"] == group["records"][2]["completion_ids"]  # the record itself is kept
+    assert saved["reason"] == reason and saved["index"] == 2 and saved["group_id"] == group.group_id
+    assert saved["record"]["completion_ids"] == group.records[2].completion_ids  # the record itself is kept
     assert all(torch.isfinite(t).all() for t in lora_state(shared.peft).values())
 
 
 def test_a_step_of_only_bad_records_takes_no_step(shared: Learner, tokenizer: Any) -> None:
     group = make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1.0], seed=31)
-    group["records"] = [_nan_logprob(r, tokenizer) for r in group["records"]]
+    group.records = [_nan_logprob(r, tokenizer) for r in group.records]
     step = shared.step
     metrics = shared.train_step([group])
-    assert metrics["trained"] == 0 and shared.step == step and metrics["quarantined"] == 2
+    assert metrics.trained is False and shared.step == step and metrics.metrics["quarantined"] == 2
 
 
 def test_non_finite_weights_skip_the_step_without_quarantining_good_records(shared: Learner, tokenizer: Any) -> None:
@@ -372,11 +380,13 @@ def test_non_finite_weights_skip_the_step_without_quarantining_good_records(shar
         metrics = shared.train_step([group])
     finally:
         load_lora_state_(shared.peft, good)
-    assert metrics["trained"] == 0 and metrics["nonfinite_gradients"] == 1 and metrics["quarantined"] == 0
+    assert (
+        metrics.trained is False and metrics.metrics["nonfinite_gradients"] == 1 and metrics.metrics["quarantined"] == 0
+    )
     assert shared.step == step and shared.counters["nonfinite_steps"] == skipped + 1
     # DeepSpeed cleared the poisoned gradients: the next step is an ordinary one
     metrics = shared.train_step([group])
-    assert metrics["trained"] == 1 and math.isfinite(metrics["grad_norm"])
+    assert metrics.trained is True and math.isfinite(metrics.metrics["grad_norm"])
     assert all(torch.isfinite(t).all() for t in lora_state(shared.peft).values())
 
 
@@ -400,21 +410,21 @@ def test_a_full_disk_at_publish_or_checkpoint_is_a_fault_and_retried_next_step(
     group = on_policy(shared, make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1.0], seed=33))
     step = shared.step
     metrics = shared.train_step([group])
-    assert metrics["trained"] == 1 and shared.step == step + 1
-    assert metrics["published"] is None and metrics["checkpoint"] is None
-    assert [f["fault"] for f in metrics["faults"]] == ["publish_failed", "checkpoint_failed"]
-    assert "No space left" in metrics["faults"][0]["error"]
+    assert metrics.trained is True and shared.step == step + 1
+    assert metrics.published is None and metrics.checkpoint is None
+    assert [f["fault"] for f in metrics.faults] == ["publish_failed", "checkpoint_failed"]
+    assert "No space left" in metrics.faults[0]["error"]
     # nothing half-published: the same versions, no temp directory left behind
     assert [r.name for r in shared.store.versions("main")] == versions
     assert not [p for p in (shared.store.root / "main").iterdir() if p.name.startswith(".")]
     trained = lora_state(shared.peft)
 
-    assert all(torch.equal(trained[k], v) for k, v in shared._snapshots[versions[-1]].items()) is False
+    assert all(torch.equal(trained[k], v) for k, v in shared.versions.snapshots[versions[-1]].items()) is False
 
     monkeypatch.undo()  # the disk has room again: the next step publishes and checkpoints (checkpoint_every is 0)
-    metrics = shared.train_step([on_policy(shared, {**group, "policy_version": shared.latest_version()})])
-    assert metrics["published"] == f"main@v{int(versions[-1].split('@v')[1]) + 1}" and metrics["faults"] == []
-    assert metrics["checkpoint"] is not None and shared.config.checkpoint_every == 0
+    metrics = shared.train_step([on_policy(shared, replace(group, policy_version=shared.latest_version()))])
+    assert metrics.published == f"main@v{int(versions[-1].split('@v')[1]) + 1}" and metrics.faults == []
+    assert metrics.checkpoint is not None and shared.config.checkpoint_every == 0
 
 
 def test_an_unexpected_error_keeps_the_batch_in_quarantine_and_is_raised(
@@ -432,8 +442,8 @@ def test_an_unexpected_error_keeps_the_batch_in_quarantine_and_is_raised(
     with pytest.raises(RuntimeError, match="a bug"):
         shared.train_step([group])
     [saved] = _lines(quarantine)[before:]
-    assert saved["reason"] == "learner_error" and saved["group_id"] == group["group_id"]
-    assert saved["group"]["records"][1]["completion_ids"] == group["records"][1]["completion_ids"]
+    assert saved["reason"] == "learner_error" and saved["group_id"] == group.group_id
+    assert saved["group"]["records"][1]["completion_ids"] == group.records[1].completion_ids
 
 
 def test_prune_versions_keeps_the_leagues_the_trainable_and_the_newest(shared: Learner) -> None:

@@ -17,6 +17,7 @@ from diprl.inference.config import ServerConfig
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.model import zero_lora_b_state
+from diprl.messages import TrainingRecord
 from diprl.policy.models import ModelSource, TinyModelSpec, TokenizerKind, load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
@@ -82,16 +83,21 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(
         max_num_seqs=8,
     )
     results = _served(config, requests)
-    assert [r["error"] for r in results] == [None] * len(requests)
-    assert all(r["complete"] for r in results)
+    assert [r.error for r in results] == [None] * len(requests)
+    assert all(r.complete for r in results)
 
     records = [
-        {
-            "prompt_ids": r["prompt_ids"],
-            "completion_ids": r["token_ids"],
-            "legal": q["legal"],
-            "temperature": q["temperature"],
-        }
+        TrainingRecord(
+            prompt_ids=r.prompt_ids,
+            completion_ids=r.token_ids,
+            behaviour_logprobs=[],
+            legal=q["legal"],
+            advantages=[],
+            policy_version=q["policy"],
+            temperature=q["temperature"],
+            power=q["legal"]["power"],
+            phase=q["legal"]["phase"],
+        )
         for q, r in zip(requests, results, strict=True)
     ]
     ours = learner.score(records[:3])
@@ -99,11 +105,11 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(
         base = learner.score(records)
     worst = 0.0
     for mine, r in zip(ours + base[3:], results, strict=True):
-        worst = max(worst, float((torch.tensor(mine) - torch.tensor(r["logprobs"])).abs().max()))
+        worst = max(worst, float((torch.tensor(mine) - torch.tensor(r.logprobs)).abs().max()))
     assert worst < 1e-4, f"max |learner - engine| logprob = {worst:.2e}"
     # and the served version is the trained one, not the base: the base explains its samples worse
     gap = max(
-        float((torch.tensor(b) - torch.tensor(r["logprobs"])).abs().max())
+        float((torch.tensor(b) - torch.tensor(r.logprobs)).abs().max())
         for b, r in zip(base[:3], results[:3], strict=True)
     )
     assert gap > 1e-3

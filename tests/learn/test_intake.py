@@ -1,0 +1,96 @@
+"""A learner's intake: balanced batches from its own queue, stale groups dropped, the batch in flight on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diprl.learn.intake import GroupIntake, balanced
+from diprl.messages import TrainingRecord, TrajectoryGroup
+
+
+def _group(gid: str, power: str, version: str = "main@v3") -> TrajectoryGroup:
+    record = TrainingRecord([1, 2], [3], [-0.5], {"power": power}, [1.0], version, 1.0, power, "S1901M")
+    return TrajectoryGroup(gid, "m", power, "S1901M", version, [record], [1.0], 1.0)
+
+
+class FakeQueue:
+    """The part of `ray.util.queue.Queue` the intake uses, in memory."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = list(items)
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+    def get_nowait_batch(self, n: int) -> list[Any]:
+        assert n <= len(self.items), "the intake asked for more than the queue holds"
+        taken, self.items = self.items[:n], self.items[n:]
+        return taken
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        from ray.util.queue import Empty
+
+        if not self.items:
+            raise Empty
+        return self.items.pop(0)
+
+
+def _intake(tmp_path: Path, items: list[Any], n: int = 4, holdover: int = 8) -> GroupIntake:
+    intake = GroupIntake("queue-main", tmp_path, n, holdover)
+    intake._queue = FakeQueue(items)
+    return intake
+
+
+def test_a_batch_is_balanced_over_powers_oldest_first() -> None:
+    """Seven groups of one self-play match must not make a step of one position: round-robin over powers."""
+    arrivals = [_group(f"a{i}", "FRANCE") for i in range(5)] + [_group("b0", "ITALY"), _group("c0", "RUSSIA")]
+    batch, rest = balanced(arrivals, 4)
+    assert [g.group_id for g in batch] == ["a0", "b0", "c0", "a1"]
+    assert [g.group_id for g in rest] == ["a2", "a3", "a4"]
+    only_one_power, _ = balanced([_group(f"a{i}", "FRANCE") for i in range(3)], 2)
+    assert [g.group_id for g in only_one_power] == ["a0", "a1"]  # nothing else waiting: that power it is
+
+
+def test_take_waits_for_enough_fresh_groups_and_drops_stale_ones(tmp_path: Path) -> None:
+    items = [_group("old", "FRANCE", "main@v1"), *[_group(f"g{i}", p) for i, p in enumerate(["FRANCE", "ITALY"])]]
+    intake = _intake(tmp_path, items, n=2)
+    fresh = lambda version: version != "main@v1"  # noqa: E731
+    batch = intake.take(fresh, timeout_s=0.1)
+    assert batch is not None and [g.group_id for g in batch] == ["g0", "g1"]
+    assert intake.dropped_stale == 1
+    assert intake.take(fresh, timeout_s=0.05) is None  # the queue is empty: no batch, no error
+
+
+def test_the_holdover_is_bounded_so_the_queue_still_pushes_back(tmp_path: Path) -> None:
+    items = [_group(f"g{i}", "FRANCE") for i in range(20)]
+    intake = _intake(tmp_path, items, n=2, holdover=4)
+    assert intake.take(lambda v: True, timeout_s=0.1) is not None
+    assert len(intake.waiting) == 2 and intake._queue.qsize() == 16  # took 4, trained 2, kept 2
+
+
+def test_the_batch_in_flight_survives_a_restart_unless_its_step_was_checkpointed(tmp_path: Path) -> None:
+    intake = _intake(tmp_path, [])
+    batch = [_group("g0", "FRANCE"), _group("g1", "ITALY")]
+    intake.hold(batch, for_step=8)
+    # A learner killed mid-step restores step 6 (its checkpoint): the batch of step 8 is trained again.
+    again = GroupIntake("queue-main", tmp_path, 4, 8).pending(restored_step=6)
+    assert again == batch
+    # Restored at step 8: that step was checkpointed, so its batch was trained; it is dropped.
+    assert GroupIntake("queue-main", tmp_path, 4, 8).pending(restored_step=8) is None
+    assert not (tmp_path / "pending.json").exists()
+    intake.hold(batch, for_step=9)
+    intake.release()
+    assert intake.pending(restored_step=0) is None
+
+
+def test_an_unreadable_pending_batch_is_dropped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "pending.json").write_text("{torn")
+    assert GroupIntake(None, tmp_path, 4, 8).pending(restored_step=0) is None
+    assert "unreadable pending batch" in caplog.text
+    with pytest.raises(RuntimeError, match="no queue"):
+        GroupIntake(None, tmp_path, 4, 8).take(lambda v: True, timeout_s=0.0)
