@@ -94,8 +94,10 @@ class PhaseOutcome:
 
 @dataclass
 class LockstepStats:
-    """Counters of a lockstep run: calls, requests (the batch sizes a client saw), phases, seconds."""
+    """Counters of a lockstep run: steps (one per `play_phase`), policy calls, requests (the batch sizes a
+    client saw), game phases, seconds."""
 
+    steps: int = 0
     calls: int = 0
     requests: int = 0
     phases: int = 0
@@ -150,6 +152,7 @@ def play_phase(
     records = [table.game.step(orders[k]) for k, table in enumerate(tables)]
     stats.seconds["engine"] += time.perf_counter() - start
     stats.phases += len(tables)
+    stats.steps += 1
     return [PhaseOutcome(record, turns[k]) for k, record in enumerate(records)]
 
 

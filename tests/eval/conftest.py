@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
+from diprl.messages import Generation, GenerationRequest
 from diprl.policy.vocab import ORDER_ALPHABET, TokenTable
 from diprl.rollout.clients import UniformConstrainedClient
 
@@ -19,10 +19,10 @@ class RecordingClient:
 
     def __init__(self, seed: int = 0) -> None:
         self.inner = UniformConstrainedClient(CHAR_TABLE, seed=seed)
-        self.calls: list[list[dict[str, Any]]] = []
+        self.calls: list[list[GenerationRequest]] = []
 
-    def generate(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        self.calls.append([dict(r) for r in requests])
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        self.calls.append(list(requests))
         return self.inner.generate(requests)
 
 
