@@ -121,8 +121,8 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
 
 def run(plan: Plan, client: PolicyClient | None = None) -> dict[str, Any]:
     """Play the plan's suites in one lockstep run; write report.json and plots; return the report."""
+    from diprl.atomic_io import write_json_atomic
     from diprl.eval.plots import write_plots
-    from diprl.eval.report import write_json_atomic
     from diprl.eval.suite import run_suites
 
     config = plan.config
@@ -139,7 +139,7 @@ def run(plan: Plan, client: PolicyClient | None = None) -> dict[str, Any]:
         crossplay = summarize_crossplay(config.crossplay, reports[1:])
         report["crossplay"] = crossplay
     out = Path(config.out)
-    write_json_atomic(out / "report.json", report)
+    write_json_atomic(out / "report.json", report, indent=1)
     report["plots"] = [str(p) for p in write_plots([reports[0]], out, crossplay)]
     if config.replays:
         report["replays"] = sorted(str(p) for p in (out / "replays").glob("*/index.html"))

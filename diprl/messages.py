@@ -76,7 +76,7 @@ class PolicyRef:
             return PolicyRef(RefKind.BOT, name)
         match = _ADAPTER_RE.fullmatch(text)
         if match is None or match["policy"] == BASE:
-            raise UnknownPolicyRef(f"invalid PolicyRef {text[:80]!r}; use {REF_FORMS}")
+            raise UnknownPolicyRef(f"unknown PolicyRef {text[:80]!r}; use {REF_FORMS}")
         return PolicyRef(RefKind.ADAPTER, match["policy"], int(match["version"]))
 
     @staticmethod

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from diprl.inference.config import ServerConfig
-from diprl.train import run_id, run_namespace, serve_app_name
+from diprl.run.rundir import run_id, run_namespace, serve_app_name
 
 
 def test_two_runs_get_distinct_names_and_a_resumed_run_its_own_again(

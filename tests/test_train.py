@@ -19,8 +19,11 @@ import pytest
 from diprl.inference.adapters import AdapterStore
 from diprl.league.role_state import VersionDecision
 from diprl.learn.checkpoint import CheckpointDir
+from diprl.messages import StepReport
+from diprl.run.config import ConfigError, compose_config
+from diprl.run.rundir import prepare_run_dir
 from diprl.tracking import read_metrics
-from diprl.train import ConfigError, compose_config, main, prepare_run_dir
+from diprl.train import main
 
 
 def free_port() -> int:
@@ -36,8 +39,10 @@ def free_port() -> int:
         (["model=gpt5"], "model"),
         (["train.max_stepz=3"], "max_stepz"),
         (["learner.lr=fast"], "lr"),
-        (["train.num_workers=0"], "num_workers"),
-        (["train.train_turns=every"], "train_turns"),
+        (["rollout.num_workers=0"], "num_workers"),
+        (["rollout.train_turns=every"], "train_turns"),
+        (["rollout.matches_in_flight=0"], "matches_in_flight"),
+        (["league.train_seats=all"], "train_seats"),
         (["evaluation.games=10"], "multiple of 7"),
     ],
 )
@@ -64,41 +69,41 @@ def test_resume_of_a_missing_run_is_refused(tmp_path: Path) -> None:
         prepare_run_dir(config, resolved)
 
 
-def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found: the driver's ray.get of a learner step re-raised the learner's exception and ended the run.
+class _Remote:
+    """A stand-in for an actor method: `.remote(*args)` records the call and returns a ref."""
 
-    Also: after a publish the driver has the learner prune old versions, keeping what the league holds
-    and the versions being (or waiting to be) evaluated.
-    """
+    def __init__(self, calls: list[Any], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def remote(self, *args: Any) -> str:
+        self.calls.append((self.name, args))
+        return self.name
+
+
+def _learner_loop(
+    tmp_path: Path, outcomes: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, list[tuple[str, dict[str, Any]]], list[Any]]:
+    """A LearnerLoop whose actors are stand-ins and whose `ray.get` answers from `outcomes`, in order."""
     import ray
 
-    from diprl.train import Driver
+    from diprl.run.journal import Journal
+    from diprl.run.learning import LearnerLoop
+    from diprl.run.progress import RunStats
 
-    config, _ = compose_config(["+experiment=smoke"])
-    driver = Driver(config, tmp_path)
     logged: list[tuple[str, dict[str, Any]]] = []
-    driver.tracker = SimpleNamespace(log=lambda kind, values, policy="main": logged.append((kind, dict(values))))
-    driver.queues = {"main": SimpleNamespace(qsize=lambda: 0)}
-    outcomes: list[Any] = [
-        RuntimeError("one batch the learner could not take"),
-        {
-            "step": 3,
-            "trained": 1,
-            "published": None,
-            "quarantined": 1,
-            "quarantined_records": [{"reason": "constraint", "error": "...", "group_id": "g", "index": 2}],
-            "faults": [{"fault": "publish_failed", "step": 3, "error": "OSError(28, 'No space left on device')"}],
-        },
-        {"step": 4, "trained": 1, "published": "main@v5", "quarantined": 0, "quarantined_records": [], "faults": []},
-        VersionDecision(False, False, None, 0, 0.5),  # the league's answer to register_version
-        ["bot:random", "main@v5"],  # refs_in_use
-    ]
-    pruned: list[list[str]] = []
-    driver.league = SimpleNamespace(
-        register_version=SimpleNamespace(remote=lambda *args: "ref"), refs_in_use=SimpleNamespace(remote=lambda: "ref")
+    calls: list[Any] = []
+    tracker = SimpleNamespace(log=lambda kind, values, policy="main": logged.append((kind, dict(values))))
+    journal = Journal(tmp_path, tracker, RunStats())
+    league = SimpleNamespace(register_version=_Remote(calls, "register"), refs_in_use=_Remote(calls, "refs"))
+    learner = SimpleNamespace(prune_versions=_Remote(calls, "prune"))
+    loop = LearnerLoop(
+        {"main": learner},
+        {"main": SimpleNamespace(qsize=lambda: 0)},
+        league,
+        journal,
+        lambda: ["main@v2", "main@v3"],  # being or waiting to be evaluated
+        lambda reason, code: None,
     )
-    driver.learners = {"main": SimpleNamespace(prune_versions=SimpleNamespace(remote=pruned.append))}
-    driver.evaluations_pending = ({"ref": ("main@v2", 10)}, [("main@v3", 20)])  # being evaluated, queued
 
     def get(ref: Any) -> Any:
         outcome = outcomes.pop(0)
@@ -107,63 +112,85 @@ def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, mo
         return outcome
 
     monkeypatch.setattr(ray, "get", get)
-    driver._learner_done(object(), "main")
-    driver._learner_done(object(), "main")
-    assert driver.steps["main"] == 3 and not pruned
-    driver._learner_done(object(), "main")
-    assert pruned == [["bot:random", "main@v2", "main@v3", "main@v5"]] and driver.versions["main"] == "main@v5"
+    return loop, logged, calls
+
+
+def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found: the driver's ray.get of a learner step re-raised the learner's exception and ended the run.
+
+    Also: after a publish the driver has the learner prune old versions, keeping what the league holds
+    and the versions being (or waiting to be) evaluated.
+    """
+    quarantined = [{"reason": "constraint", "error": "...", "group_id": "g", "index": 2}]
+    outcomes: list[Any] = [
+        RuntimeError("one batch the learner could not take"),
+        StepReport(
+            "main",
+            3,
+            True,
+            "main@v4",
+            quarantined=quarantined,
+            faults=[{"fault": "publish_failed", "step": 3, "error": "OSError(28, 'No space left on device')"}],
+            metrics={"quarantined": 1},
+        ),
+        StepReport("main", 4, True, "main@v5", published="main@v5"),
+        VersionDecision(snapshot=False, reset=False, member=None, steps_since_snapshot=1, win_rate=0.5),
+        ["bot:random", "main@v5"],  # refs_in_use
+    ]
+    loop, logged, calls = _learner_loop(tmp_path, outcomes, monkeypatch)
+    for _ in range(3):
+        loop.stepping["ref"] = "main"
+        loop.handle("ref")
+        if loop.steps.get("main") == 3:
+            assert not [c for c in calls if c[0] == "prune"]
+    assert loop.steps["main"] == 4 and loop.versions["main"] == "main@v5"
+    [prune] = [args for name, args in calls if name == "prune"]
+    assert prune == (["bot:random", "main@v2", "main@v3", "main@v5"],)
     faults = [values for kind, values in logged if kind == "fault"]
     assert [f.get("fault") for f in faults] == [None, "quarantined", "publish_failed"]
     assert "one batch" in faults[0]["error"] and faults[1]["group_id"] == "g" and faults[1]["index"] == 2
     learner = next(values for kind, values in logged if kind == "learner")
-    assert learner["quarantined"] == 1 and "quarantined_records" not in learner
+    assert learner["quarantined"] == 1 and "quarantined_records" not in learner and learner["step"] == 3
+    assert loop.journal.stats.faults == 3
 
 
 def test_a_learner_that_fails_every_step_ends_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One failed batch is a fault; MAX_LEARNER_FAILURES in a row is a broken learner: stop, exit status 1."""
-    import ray
+    from diprl.run.learning import MAX_LEARNER_FAILURES
 
-    from diprl.train import MAX_LEARNER_FAILURES, Driver
-
-    config, _ = compose_config(["+experiment=smoke"])
-    driver = Driver(config, tmp_path)
-    logged: list[dict[str, Any]] = []
-    driver.tracker = SimpleNamespace(log=lambda kind, values, policy="main": logged.append(dict(values)))
-
-    def fail(ref: Any) -> Any:
-        raise RuntimeError("CUDA error: an illegal memory access")
-
-    monkeypatch.setattr(ray, "get", fail)
+    outcomes: list[Any] = [RuntimeError("CUDA error: an illegal memory access")] * MAX_LEARNER_FAILURES
+    loop, logged, _ = _learner_loop(tmp_path, outcomes, monkeypatch)
+    stops: list[tuple[str, int]] = []
+    loop.request_stop = lambda reason, code: stops.append((reason, code))
     for _ in range(MAX_LEARNER_FAILURES - 1):
-        driver._learner_done(object(), "main")
-    assert driver.stop_reason is None and [f["stopping"] for f in logged] == [False] * (MAX_LEARNER_FAILURES - 1)
-    driver._learner_done(object(), "main")
-    assert driver.exit_code == 1 and driver.stop_reason is not None and "in a row" in driver.stop_reason
-    assert logged[-1]["stopping"] is True
+        loop.stepping["ref"] = "main"
+        loop.handle("ref")
+    assert stops == [] and [v["stopping"] for _, v in logged] == [False] * (MAX_LEARNER_FAILURES - 1)
+    loop.stepping["ref"] = "main"
+    loop.handle("ref")
+    [(reason, code)] = stops
+    assert code == 1 and "in a row" in reason and logged[-1][1]["stopping"] is True
 
 
 def test_a_step_checkpointed_but_never_logged_by_a_killed_driver_is_recovered(tmp_path: Path) -> None:
     """Found in the SIGKILL test: the learner took and checkpointed step 6, the driver died before logging
     it, and the resumed run (restored at step 6) went on at 7: metrics.jsonl lacked a step that counts."""
+    from diprl.run.journal import Journal
+    from diprl.run.progress import RunStats
     from diprl.tracking import Tracker
-    from diprl.train import Driver
 
-    config, _ = compose_config(["+experiment=smoke"])
-    driver = Driver(config, tmp_path)
-    driver.tracker = Tracker(tmp_path, {}, use_wandb=False)
+    journal = Journal(tmp_path, Tracker(tmp_path, {}, use_wandb=False), RunStats())
     for step in range(1, 6):
-        driver.tracker.log("learner", {"step": step, "loss": 0.1}, "main")
+        journal.log("learner", {"step": step, "loss": 0.1}, "main")
     own = tmp_path / "learner" / "main" / "metrics.jsonl"
     own.parent.mkdir(parents=True)
-    own.write_text(
-        "".join(json.dumps({"policy": "main", "step": s, "loss": 0.2, "faults": []}) + "\n" for s in range(1, 8))
-    )
-    driver.steps = {"main": 6}  # the learner restored its step-6 checkpoint; step 7 was lost with it
-    assert driver._recover_learner_records("main") == 1
-    driver.tracker.close()
+    own.write_text("".join(json.dumps({"policy": "main", "step": s, "loss": 0.2}) + "\n" for s in range(1, 8)))
+    # the learner restored its step-6 checkpoint; step 7 was lost with it
+    assert journal.recover_learner_records("main", 6) == 1
+    journal.tracker.close()
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "learner"]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
-    assert records[-1]["recovered"] is True and "faults" not in records[-1]
+    assert records[-1]["recovered"] is True
 
 
 def test_a_new_run_refuses_a_directory_that_holds_anything(tmp_path: Path) -> None:
@@ -184,13 +211,13 @@ def _new_run(run_dir: Path, *overrides: str) -> None:
 def test_resume_refuses_a_changed_configuration_and_names_the_keys(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     _new_run(run_dir)
-    changed = ["learner.checkpoint_every=7", "train.episode.group_size=3"]
+    changed = ["learner.checkpoint_every=7", "rollout.episode.group_size=3"]
     config, resolved = compose_config(["+experiment=smoke", f"train.resume={run_dir}", *changed])
     with pytest.raises(ConfigError) as err:
         prepare_run_dir(config, resolved)
-    assert "learner.checkpoint_every, train.episode.group_size;" in str(err.value)
+    assert "learner.checkpoint_every, rollout.episode.group_size;" in str(err.value)
     # Budgets (and how this invocation reaches its server) may change.
-    budget = ["train.max_steps=9", "train.max_minutes=1", f"inference.port={free_port()}"]
+    budget = ["train.max_steps=9", "train.max_minutes=1", "rollout.num_workers=3", f"inference.port={free_port()}"]
     config, resolved = compose_config(["+experiment=smoke", f"train.resume={run_dir}", *budget])
     prepare_run_dir(config, resolved).release()
 
@@ -230,8 +257,12 @@ def _wait_for_step(proc: subprocess.Popen[bytes], run_dir: Path, step: int, out:
     since, deadline = time.time(), time.monotonic() + 420
 
     def reached() -> bool:
+        # A record the resume recovered from the learner's own log is logged now but was taken before.
         records = read_metrics(run_dir / "metrics.jsonl")
-        return any(r["kind"] == "learner" and r["time"] >= since and r["step"] >= step for r in records)
+        return any(
+            r["kind"] == "learner" and r["time"] >= since and r["step"] >= step and not r.get("recovered")
+            for r in records
+        )
 
     while not reached():
         assert proc.poll() is None, f"the run ended early:\n{out.with_suffix('.err').read_text()[-3000:]}"
@@ -273,6 +304,10 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     records = read_metrics(run_dir / "metrics.jsonl")
     killed = {r["killed"] for r in records if r["kind"] == "fault" and "killed" in r}
     assert killed == {"rollout-0", "league", "learner-main", "policy-server", "group-ledger"}
+    # Every restart is on record (the watchdog sees each actor's new process), with what it replayed.
+    restarted = {r["restarted"]: r for r in records if r["kind"] == "fault" and "restarted" in r}
+    assert {"rollout-0", "league", "learner-main", "group-ledger"} <= set(restarted)
+    assert restarted["rollout-0"]["pid"] != restarted["rollout-0"]["previous_pid"]
     # The learner Ray restarted took step 1 again from its step-0 checkpoint: the first step 1 left the file.
     assert any(r.get("learner_restored") == "main" for r in records if r["kind"] == "fault")
     assert _learner_steps(run_dir) == [1, 2, 3] and 1 in _learner_steps(run_dir, "metrics.superseded.jsonl")

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diprl.atomic_io import write_json_atomic
 from diprl.eval.refs import check_policy_ref, is_llm
-from diprl.eval.report import write_json_atomic
 from diprl.eval.suite import SuiteConfig, run_suites
 from diprl.game import DEFAULT_MAX_YEAR
 from diprl.rollout.clients import PolicyClient
@@ -59,8 +59,10 @@ class EvaluatorConfig:
             raise ValueError("the evaluator's pool is empty")
         for ref in (*self.pool, *self.pinned):
             check_policy_ref(ref)
-        if self.client not in ("serve", "uniform"):
-            raise ValueError(f"client must be 'serve' or 'uniform', got {self.client!r}")
+        from diprl.rollout.clients import CLIENTS
+
+        if self.client not in CLIENTS:
+            raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {self.client!r}")
 
 
 def flat_metrics(policy: str, tag: str, reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -103,20 +105,9 @@ class Evaluator:
 
     def _get_client(self) -> PolicyClient:
         if self._client is None:
-            if self.config.client == "uniform":
-                from diprl.policy.models import load_preset, logits_width, resolve_model_path
-                from diprl.policy.tokenizer import load_tokenizer
-                from diprl.policy.vocab import token_table
-                from diprl.rollout.clients import UniformConstrainedClient
+            from diprl.rollout.clients import make_client
 
-                preset = load_preset(self.config.model)
-                tokenizer = load_tokenizer(resolve_model_path(preset))
-                table = token_table(tokenizer, logits_width(preset))
-                self._client = UniformConstrainedClient(table, self.config.seed, tokenizer)
-            else:
-                from diprl.rollout.clients import ServeClient
-
-                self._client = ServeClient(app_name=self.config.serve_app)
+            self._client = make_client(self.config.client, self.config.serve_app, self.config.model, self.config.seed)
         return self._client
 
     def pool(self) -> list[str]:
@@ -165,7 +156,7 @@ class Evaluator:
         by_opponent = dict(zip(opponents, reports, strict=True))
         summary = flat_metrics(policy_ref, tag, by_opponent)
         result = {"policy": policy_ref, "tag": tag, "pool": opponents, "summary": summary, "suites": by_opponent}
-        write_json_atomic(out / "report.json", result)
+        write_json_atomic(out / "report.json", result, indent=1)
         if cfg.plots:
             from diprl.eval.plots import write_plots
 

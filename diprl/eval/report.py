@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 from diprl.eval.arena_games import CATEGORIES
@@ -76,12 +73,3 @@ def format_suite(report: dict[str, Any]) -> list[str]:
 def summary_line(report: dict[str, Any]) -> str:
     """The last line of every evaluation: stable, grep-able, meant for scripts and CI."""
     return f"hero_solo_rate={report['hero_solo_rate']:.3f} hero_mean_sc={report['hero_mean_sc']:.2f}"
-
-
-def write_json_atomic(path: Path, data: Any) -> Path:
-    """Write `data` as JSON via a temp file and a rename: readers never see half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path

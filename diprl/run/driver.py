@@ -205,6 +205,7 @@ class Driver:
     def _end(self) -> None:
         """The final evaluation (if configured), checkpoints and summary, on every exit the run survives."""
         self.evals.final(self.learning.versions["main"], self.main_step)
+        self.watchdog.final()
         if self.progress is not None:
             self.progress.update(self._progress_fields(), force=True)
             self.progress.close()

@@ -28,11 +28,12 @@ class Watchdog:
         self.asking: dict[str, tuple[Any, list[str]]] = {}  # name -> (ref, what was in flight when asked)
         self.next_poll = 0.0
 
-    def poll(self) -> None:
+    def poll(self, wait_s: float = 0.0) -> None:
+        """Read the answers that came (waiting up to `wait_s` for each), then ask again when due."""
         import ray
 
         for name, (ref, before) in list(self.asking.items()):
-            ready, _ = ray.wait([ref], timeout=0)
+            ready, _ = ray.wait([ref], timeout=wait_s)
             if not ready:
                 continue
             del self.asking[name]
@@ -48,9 +49,18 @@ class Watchdog:
         if time.monotonic() < self.next_poll:
             return
         self.next_poll = time.monotonic() + POLL_S
+        self._ask()
+
+    def _ask(self) -> None:
         for name, actor in self.actors.items():
             if name not in self.asking:
                 self.asking[name] = (actor.pid_of.remote(), self.replayed(name))
+
+    def final(self, wait_s: float = 30.0) -> None:
+        """At the end of a run: one last answer from every actor, so a late restart is on record too."""
+        self.poll(wait_s)
+        self._ask()
+        self.poll(wait_s)
 
 
 def chaos(names: list[str], serve_app: str, journal: Journal) -> None:

@@ -23,8 +23,8 @@ def test_evaluate_writes_a_report_per_opponent_and_a_metrics_line(tmp_path: Path
     assert set(result["suites"]) == {"bot:random", "base"}
     # Both suites ran in one lockstep run: the first batch holds main@v3's and base's seats of all 4 games.
     first = client.calls[0]
-    assert {r["policy"] for r in first} == {"main@v3", "base"}
-    assert sum(r["policy"] == "main@v3" for r in first) == 4
+    assert {r.policy for r in first} == {"main@v3", "base"}
+    assert sum(r.policy == "main@v3" for r in first) == 4
     saved = json.loads((tmp_path / "eval" / "step-10" / "report.json").read_text())
     assert saved["summary"]["eval/bot:random/mean_sc"] == result["suites"]["bot:random"]["hero_mean_sc"]
     history = evaluator.history()

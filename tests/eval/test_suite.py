@@ -57,16 +57,16 @@ def test_llm_seats_of_all_games_share_one_call_per_phase(recording_client: Recor
     assert len(calls) == report["timing"]["llm_calls"] <= max(g["phases"] for g in report["per_game"])
     first = calls[0]
     assert len(first) == 3 * (1 + 3)
-    assert Counter(r["policy"] for r in first) == {"base": 3, "main@v2": 9}
+    assert Counter(r.policy for r in first) == {"base": 3, "main@v2": 9}
     for request in first:
-        assert set(request) == {"policy", "prompt", "legal", "temperature", "max_tokens", "sample_seed"}
-        assert request["max_tokens"] == 64 and request["prompt"].startswith("<|im_start|>")
+        assert set(request.to_dict()) == {"policy", "prompt", "legal", "temperature", "max_tokens", "sample_seed"}
+        assert request.max_tokens == 64 and str(request.prompt).startswith("<|im_start|>")
     # Every seat of every game has its own sampling seed, fixed by game seed, power and phase.
-    seeds = [r["sample_seed"] for r in first]
+    seeds = [r.sample_seed for r in first]
     assert len(set(seeds)) == len(seeds)
-    assert seeds[0] == request_seed(game_specs(config)[0].seed, first[0]["legal"]["power"], "S1901M")
+    assert seeds[0] == request_seed(game_specs(config)[0].seed, first[0].legal["power"], "S1901M")
     assert report["llm"]["requests"] == sum(len(c) for c in calls)
-    assert report["llm"]["hero_requests"] == sum(r["policy"] == "base" for c in calls for r in c)
+    assert report["llm"]["hero_requests"] == sum(r.policy == "base" for c in calls for r in c)
     assert report["llm"]["errors"] == 0 and report["order_issues"]["total"] == 0
     specs = game_specs(config)
     assert [s.seats[s.hero] for s in specs] == ["base"] * 3
@@ -77,7 +77,7 @@ def test_unseeded_suites_send_no_seed(recording_client: RecordingClient) -> None
         policy="base", opponents=["bot:random"], games=1, max_year=1901, max_tokens=64, sampling_seed=None
     )
     run_suite(config, recording_client)
-    assert all("sample_seed" not in r for call in recording_client.calls for r in call)
+    assert all(r.sample_seed is None for call in recording_client.calls for r in call)
 
 
 def test_another_sampling_stream_redraws_the_same_games() -> None:
