@@ -322,6 +322,7 @@ class MatchReport:
     skipped_zero_variance: int = 0
     phases: int = 0
     completions: int = 0
+    hero_completions: int = 0
     bad_completions: int = 0
     untrainable_completions: int = 0
     group_records: int = 0

@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "league": "diprl.bench.league",
     "learning": "diprl.bench.learning",
     "faults": "diprl.bench.faults",
+    "experience": "diprl.bench.experience",
 }
 
 

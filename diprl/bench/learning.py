@@ -90,7 +90,8 @@ def _eval_reports(run_dir: Path) -> tuple[Path, Path]:
 
 
 def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    from diprl.train import compose_config, run
+    from diprl.run.config import compose_config
+    from diprl.train import run
 
     run_dir = out / variant.name
     args = [
@@ -98,7 +99,7 @@ def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence
         f"train.run_dir={run_dir}",
         f"train.max_minutes={minutes}",
         "train.max_steps=100000",
-        f"train.train_turns={variant.train_turns}",
+        f"rollout.train_turns={variant.train_turns}",
         f"evaluation.games={EVAL_GAMES}",
         f"evaluation.max_year={EVAL_MAX_YEAR}",
         "evaluation.opponents=[bot:random]",

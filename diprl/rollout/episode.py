@@ -82,6 +82,7 @@ class EpisodeOutput:
     skipped_zero_variance: int = 0  # trained seats whose forks all scored the same (no comparison)
     phases: int = 0  # fork-phases stepped (each fork's phase counts once)
     completions: int = 0
+    hero_completions: int = 0  # the hero seat's LLM decisions (every phase it played, every fork)
     bad_completions: int = 0
     untrainable_completions: int = 0  # completions with an error or no tokens: left out of their group
     hero_returns: list[float] = field(default_factory=list)  # the hero's fork returns, trained on or not
@@ -118,13 +119,13 @@ class Episode:
         for _ in range(rng.randint(cfg.warmup_min_phases, cfg.warmup_max_phases)):
             if game.is_done:
                 break
-            self._count((yield [table]), out)
+            self._count((yield [table]), match, out)
         if not (yield from self._advance_to_decision(table, match, rng, out)):
             return out  # no decision left for the hero (eliminated, or the game ended): nothing to train
 
         forks = [Table(game.fork(), match.seats, bots, cfg.temperature, cfg.max_tokens) for _ in range(cfg.group_size)]
         turns: list[dict[str, list[Turn]]] = [{} for _ in forks]
-        first = yield from self._play_to_horizon(forks, game.year + cfg.horizon_years, turns, out)
+        first = yield from self._play_to_horizon(forks, game.year + cfg.horizon_years, turns, match, out)
         # `game` is never stepped after forking: it is every fork's pre-state for the per-order scores.
         scored = dict.fromkeys((match.hero, *match.train))
         scores = {power: [self.rubric.score(game, f.game, power) for f in forks] for power in scored}
@@ -160,11 +161,16 @@ class Episode:
                 return True
             if advanced == cfg.max_advance_phases:
                 return False
-            self._count((yield [table]), out)
+            self._count((yield [table]), match, out)
         return False
 
     def _play_to_horizon(
-        self, forks: Sequence[Table], horizon_year: int, turns: list[dict[str, list[Turn]]], out: EpisodeOutput
+        self,
+        forks: Sequence[Table],
+        horizon_year: int,
+        turns: list[dict[str, list[Turn]]],
+        match: Match,
+        out: EpisodeOutput,
     ) -> Generator[Sequence[Table], Sequence[PhaseOutcome], list[dict[str, Turn]]]:
         """Every fork played to `horizon_year` (or its end); each seat's turns collected per fork.
 
@@ -176,18 +182,19 @@ class Episode:
             if not playing:
                 return first
             outcomes = yield [forks[k] for k in playing]
-            self._count(outcomes, out)
+            self._count(outcomes, match, out)
             for k, outcome in zip(playing, outcomes, strict=True):
                 for power, turn in outcome.turns.items():
                     turns[k].setdefault(power, []).append(turn)
             if not first:
                 first = [dict(o.turns) for o in outcomes]
 
-    def _count(self, outcomes: Sequence[PhaseOutcome], out: EpisodeOutput) -> None:
+    def _count(self, outcomes: Sequence[PhaseOutcome], match: Match, out: EpisodeOutput) -> None:
         out.phases += len(outcomes)
         for outcome in outcomes:
-            for turn in outcome.turns.values():
+            for power, turn in outcome.turns.items():
                 out.completions += 1
+                out.hero_completions += power == match.hero
                 out.bad_completions += turn.answer.bad
 
     def _group(

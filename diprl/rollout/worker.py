@@ -287,6 +287,7 @@ class RolloutWorker:
             skipped_zero_variance=out.skipped_zero_variance,
             phases=out.phases,
             completions=out.completions,
+            hero_completions=out.hero_completions,
             bad_completions=out.bad_completions,
             untrainable_completions=out.untrainable_completions,
             group_records=sum(len(g.records) for g in out.groups),

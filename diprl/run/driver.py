@@ -211,12 +211,33 @@ class Driver:
             self.progress.close()
         self._finish()
 
+    def _log_serving(self) -> None:
+        """What the PolicyServer saw (one replica's view): the mean batch inside its engine while busy,
+        the seconds it was busy, its failed requests. The batch is what matches in flight are for."""
+        from ray import serve
+
+        app = self.actors.serve_app
+        try:
+            status = serve.get_deployment_handle(app, app_name=app).status.remote().result(timeout_s=60)
+        except Exception as exc:  # a run without a reachable server still ends properly
+            self.journal.fault({"serving_status": app, "error": repr(exc)[:300]})
+            return
+        self.journal.log(
+            "serving",
+            {
+                "serving/mean_batch": status["mean_batch"],
+                "serving/busy_s": status["busy_s"],
+                "serving/failed_requests": status["failed_requests"],
+            },
+        )
+
     def _finish(self) -> None:
         import ray
 
         from diprl.tracking import plot_learning_curves, read_metrics
 
         self.learning.save_checkpoints()
+        self._log_serving()
         summary = ray.get(self.actors.league.summary.remote())
         (self.run_dir / "league_summary.json").write_text(json.dumps(summary, indent=1, default=str))
         self.rating = self._main_rating()

@@ -89,5 +89,7 @@ class MatchScheduler:
             ray.get(self.league.report.remote(report.results))
             self.counters.results += len(report.results)
         self.counters.groups += len(report.groups)
+        self.counters.completions += report.completions
+        self.counters.hero_completions += report.hero_completions
         self.journal.stats.match(report)
         return report

@@ -211,6 +211,8 @@ class Counters:
 
     matches: int = 0
     groups: int = 0
+    completions: int = 0  # LLM decisions the rollouts made (every seat, phase and fork)
+    hero_completions: int = 0  # ... of them by the hero seat
     results: int = 0
     failed_matches: int = 0
     evaluations: int = 0
