@@ -21,20 +21,18 @@ import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from diprl.bots.base import Agent, seat_seed
 from diprl.eval.arena_games import CATEGORIES, Category, HeroGame, hero_fields, play_game
 from diprl.eval.stats import mean_summary, rate_summary
-from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
+from diprl.game import DEFAULT_MAX_YEAR
+from diprl.game.seating import game_seed, rotated_seats, standard_powers
 
 AgentFactory = Callable[[str, int], Agent]
 """`(name, seed) -> Agent`, the signature of `diprl.bots.make_agent`."""
 
-SEED_STRIDE = 100003
-"""Game `i` of a run seeded `s` has seed `s * SEED_STRIDE + i`: runs with nearby seeds do not share games."""
 
 _CATEGORY_LABELS = {
     Category.SOLO: "solo",
@@ -42,16 +40,6 @@ _CATEGORY_LABELS = {
     Category.SURVIVED: "survived",
     Category.ELIMINATED: "eliminated",
 }
-
-
-@lru_cache(maxsize=1)
-def standard_powers() -> tuple[str, ...]:
-    """The seven powers, sorted, read from the engine's map rather than written out by hand."""
-    return DiplomacyGame().powers
-
-
-def game_seed(base_seed: int, index: int) -> int:
-    return base_seed * SEED_STRIDE + index
 
 
 FIRST_YEAR = 1901
@@ -105,12 +93,8 @@ class _Task:
 
 def _play_task(task: _Task) -> ArenaGame:
     """Play one arena game; module-level so that worker processes can unpickle it."""
-    powers = standard_powers()
-    hero_power = powers[task.index % len(powers)]
-    agents = {
-        power: task.factory(task.hero if power == hero_power else task.opponents, seat_seed(task.seed, seat))
-        for seat, power in enumerate(powers)
-    }
+    hero_power, seats = rotated_seats(task.index, task.hero, [task.opponents])
+    agents = {power: task.factory(name, seat_seed(task.seed, seat)) for seat, (power, name) in enumerate(seats.items())}
     try:
         record = play_game(agents, max_year=task.max_year)
     except Exception as exc:

@@ -32,12 +32,13 @@ from typing import Any
 from diprl.bots import make_agent
 from diprl.bots.base import Agent, seat_seed
 from diprl.console import progress_bar
-from diprl.eval.arena import SEED_STRIDE, check_max_year, game_seed, standard_powers
+from diprl.eval.arena import check_max_year
 from diprl.eval.arena_games import CATEGORIES, Category, HeroGame, game_record, hero_fields
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
 from diprl.eval.refs import check_policy_ref, is_llm
 from diprl.eval.stats import mean_summary, rate_summary
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
+from diprl.game.seating import SEED_STRIDE, game_seed, rotated_seats, standard_powers
 from diprl.messages import PolicyRef
 from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PhaseOutcome, PolicyClient, Table, drive
 
@@ -152,20 +153,15 @@ class PlayedGame(HeroGame):
 
 def game_specs(config: SuiteConfig, suite: int = 0) -> list[GameSpec]:
     """The suite's games: hero on power `i % 7`, opponents round-robin, seeds from `seed` and `i`."""
-    powers = standard_powers()
     specs = []
     for i in range(config.games):
-        hero = powers[i % len(powers)]
-        others = [p for p in powers if p != hero]
-        seats = {hero: config.policy} | {
-            p: config.opponents[(i + j) % len(config.opponents)] for j, p in enumerate(others)
-        }
+        hero, seats = rotated_seats(i, config.policy, config.opponents)
         specs.append(
             GameSpec(
                 suite=suite,
                 index=i,
                 seed=game_seed(config.seed, i),
-                seats=dict(sorted(seats.items())),
+                seats=seats,
                 hero=hero,
                 max_year=config.max_year,
                 temperature=float(config.temperature),

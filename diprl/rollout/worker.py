@@ -36,7 +36,7 @@ import ray
 from ray.util.queue import Full, Queue
 
 from diprl.atomic_io import write_file_atomic
-from diprl.game import DiplomacyGame
+from diprl.game.seating import game_seed, rotated_seats
 from diprl.messages import Match, MatchReport, TrajectoryGroup
 from diprl.rollout.episode import Episode, EpisodeConfig, EpisodeOutput
 from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PolicyClient, QueueSource, drive
@@ -63,15 +63,10 @@ def stratified_matches(
     """Matches whose hero power cycles through all seven powers, so every batch covers every start."""
     from diprl.messages import PolicyRef
 
-    powers = DiplomacyGame().powers
     trains = PolicyRef.parse(hero_policy).is_adapter
     for i in range(n):
-        hero = powers[i % len(powers)]
-        others = [p for p in powers if p != hero]
-        seats = {hero: hero_policy} | {p: opponents[(i + j) % len(opponents)] for j, p in enumerate(others)}
-        yield Match(
-            match_id=f"{prefix}{seed}-{i}", seats=seats, hero=hero, seed=seed * 1_000_003 + i, train=(hero,) * trains
-        )
+        hero, seats = rotated_seats(i, hero_policy, opponents)
+        yield Match(f"{prefix}{seed}-{i}", seats, hero=hero, seed=game_seed(seed, i), train=(hero,) * trains)
 
 
 def make_episode(config: WorkerConfig) -> Episode:
