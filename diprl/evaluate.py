@@ -98,25 +98,19 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
 @contextlib.contextmanager
 def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     """A local Ray (loopback) with the PolicyServer serving `config.adapters`, torn down afterwards."""
-    import ray
-
     from diprl.inference.config import load_server_config
-    from diprl.inference.server import serve_policy, stop_serving
-    from diprl.raysession import connect
+    from diprl.inference.server import serving
+    from diprl.raysession import ray_session
     from diprl.rollout.clients import ServeClient
 
     quiet_libraries(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
     server = replace(load_server_config(config.server), adapter_root=str(Path(config.adapters).resolve()))
     if config.verbose:
         server = replace(server, log_level="INFO")  # the replicas' vLLM and Serve logs too
-    connect(address="local", num_cpus=config.ray_cpus or None, **ray_init_options(config.verbose))
-    try:
+    with ray_session(address="local", num_cpus=config.ray_cpus or None, **ray_init_options(config.verbose)):
         print(f"starting the PolicyServer ({config.server}, adapters {server.adapter_root})", file=sys.stderr)
-        serve_policy(server)
-        yield ServeClient(app_name=server.name, deployment=server.name)
-    finally:
-        stop_serving(server.name, adapter_root=server.adapter_root)  # only if it serves these adapters
-        ray.shutdown()
+        with serving(server):
+            yield ServeClient(app_name=server.name, deployment=server.name)
 
 
 def run(plan: Plan, client: PolicyClient | None = None) -> dict[str, Any]:

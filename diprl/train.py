@@ -31,7 +31,7 @@ from diprl.run.driver import Actors, Driver, Stop
 from diprl.run.rundir import NAMESPACE, json_safe, load_counters, prepare_run_dir, run_namespace, serve_app_name
 
 if TYPE_CHECKING:
-    from diprl.raysession import RayInfo
+    pass
 
 LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
 
@@ -40,31 +40,32 @@ def queue_name(policy: str) -> str:
     return f"queue-{policy}"
 
 
-def start_actors(config: Config, run_dir: Path, verbose: bool = False) -> Actors:
-    """Create (or, on a resumed run, find) every actor of the run, placed by resources."""
+def server_config(config: Config, run_dir: Path, verbose: bool = False) -> Any:
+    """The run's PolicyServer: its own Serve app and route, serving the run's adapter store."""
+    serve_app = serve_app_name(run_dir)
+    return replace(
+        config.inference,
+        adapter_root=str((run_dir / "adapters").resolve()),
+        adapter_cache=str((run_dir / ".adapter_cache").resolve()),
+        adapter_registry=None,
+        name=serve_app,
+        route_prefix=f"/{serve_app}",
+        log_level="INFO" if verbose else config.inference.log_level,  # the replicas' vLLM and Serve logs
+    )
+
+
+def start_actors(config: Config, run_dir: Path) -> Actors:
+    """Create (or, on a resumed run, find) every actor of the run but the PolicyServer, placed by resources."""
     import ray
     from ray.util.queue import Queue
 
     from diprl.eval.evaluator import EvaluatorConfig, start_evaluator
-    from diprl.inference.server import serve_policy
     from diprl.league.manager import league_actor
     from diprl.learn.learner import learner_actor
     from diprl.rollout.worker import GroupLedger, WorkerConfig, worker_actor
 
-    quiet_libraries(verbose)  # Serve configures its own driver-side logger on import: quiet it again
     serve_app = serve_app_name(run_dir)
     adapter_root = (run_dir / "adapters").resolve()
-    serve_policy(
-        replace(
-            config.inference,
-            adapter_root=str(adapter_root),
-            adapter_cache=str((run_dir / ".adapter_cache").resolve()),
-            adapter_registry=None,
-            name=serve_app,
-            route_prefix=f"/{serve_app}",
-            log_level="INFO" if verbose else config.inference.log_level,  # the replicas' vLLM and Serve logs
-        )
-    )
     league = league_actor(config.league, str(run_dir))
     policies = list(config.league.roles)
     # Restarted after a crash like every other actor; a restarted queue starts empty (its groups are lost,
@@ -113,22 +114,20 @@ def start_actors(config: Config, run_dir: Path, verbose: bool = False) -> Actors
     return Actors(serve_app, league, ledger, queues, learners, workers, evaluator)
 
 
-def init_ray(config: Config, verbose: bool = False, namespace: str = NAMESPACE) -> RayInfo:
-    """Join the cluster named by RAY_ADDRESS, or start a loopback-only local Ray (see diprl.raysession);
-    the driver and the actors it creates use `namespace` (a run's own: `run_namespace`)."""
-    from diprl.raysession import connect
-
+def ray_options(config: Config, verbose: bool = False, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """How to join the cluster named by RAY_ADDRESS, or start a loopback-only local Ray (see
+    diprl.raysession); the driver and the actors it creates use `namespace` (a run's own: `run_namespace`)."""
     t, r = config.train, config.rollout
     wanted = int(config.inference.replica_cpus * config.inference.num_replicas + len(config.league.roles) + 1)
     wanted += int(r.num_workers * r.worker_cpus + 0.999)
     # Actors' own output (vLLM, Serve replicas) stays in Ray's log files unless --verbose: the terminal
     # shows our progress and results.
-    return connect(
-        num_cpus=t.ray_num_cpus or max(os.cpu_count() or 1, wanted),
-        dashboard=t.dashboard,
-        namespace=namespace,
+    return {
+        "num_cpus": t.ray_num_cpus or max(os.cpu_count() or 1, wanted),
+        "dashboard": t.dashboard,
+        "namespace": namespace,
         **ray_init_options(verbose),
-    )
+    }
 
 
 def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, Any]:
@@ -137,42 +136,41 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
     The summary's `stopped` says why a run ended before its budget (a signal, a failed actor) and
     `exit_code` what `main` returns: 0 at the budget, 1 after a failure, 128 + the signal's number.
     """
-    import ray
-
-    from diprl.inference.server import stop_serving
+    from diprl.inference.server import serving
+    from diprl.raysession import ray_session
     from diprl.run.journal import Journal
     from diprl.run.progress import RunStats
     from diprl.tracking import Tracker
 
     quiet_libraries(verbose)
     stop = Stop()
-    with prepare_run_dir(config, resolved_yaml) as held:
+    with (
+        prepare_run_dir(config, resolved_yaml) as held,
+        ray_session(**ray_options(config, verbose, namespace=run_namespace(held.path))) as info,
+    ):
         run_dir = held.path
-        info = init_ray(config, verbose, namespace=run_namespace(run_dir))
         print(f"run directory: {run_dir}", flush=True)
         if hint := info.dashboard_hint():
             print(hint, flush=True)
         previous = _stop_on_signals(stop)
         try:
-            actors = start_actors(config, run_dir, verbose)
-            tracker = Tracker(run_dir, json_safe(asdict(config)), use_wandb=config.train.wandb)
-            journal = Journal(run_dir, tracker, RunStats())
-            driver = Driver(config, run_dir, actors, journal, load_counters(run_dir), stop)
-            driver.start()
-            versions = ", ".join(driver.learning.versions.values())
-            print(
-                f"training {', '.join(actors.learners)} on {config.model.name}; league {config.experiment}; "
-                f"versions {versions}",
-                flush=True,
-            )
-            driver.run()
+            quiet_libraries(verbose)  # Serve configures its own driver-side logger on import: quiet it again
+            with serving(server_config(config, run_dir, verbose)):
+                actors = start_actors(config, run_dir)
+                tracker = Tracker(run_dir, json_safe(asdict(config)), use_wandb=config.train.wandb)
+                journal = Journal(run_dir, tracker, RunStats())
+                driver = Driver(config, run_dir, actors, journal, load_counters(run_dir), stop)
+                driver.start()
+                versions = ", ".join(driver.learning.versions.values())
+                print(
+                    f"training {', '.join(actors.learners)} on {config.model.name}; league {config.experiment}; "
+                    f"versions {versions}",
+                    flush=True,
+                )
+                driver.run()
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            try:
-                stop_serving(serve_app_name(run_dir), adapter_root=run_dir / "adapters")  # never another run's
-            finally:
-                ray.shutdown()
     summary: dict[str, Any] = {
         "train_steps": driver.main_step,
         "adapter_versions": _count_versions(run_dir / "adapters"),

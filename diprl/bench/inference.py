@@ -96,13 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.vocab_only:
         return 0
 
-    import ray
-
     from diprl.inference.adapters import AdapterStore
     from diprl.inference.config import ServerConfig
-    from diprl.inference.server import serve_policy, stop_serving
+    from diprl.inference.server import serving
     from diprl.policy.models import save_random_lora
-    from diprl.raysession import connect
+    from diprl.raysession import ray_session
 
     root = Path(tempfile.mkdtemp(prefix="diprl-bench-inference-"))
     store = AdapterStore(root / "adapters")
@@ -127,10 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         bare, validation_s = bare_engine(config, base_requests, args.rounds)
         bar.update()
         bar.set_description("starting the PolicyServer")
-        connect(address="local", num_cpus=threads + 2, **ray_init_options(args.verbose))
-        try:
+        with (
+            ray_session(address="local", num_cpus=threads + 2, **ray_init_options(args.verbose)),
+            serving(config) as handle,
+        ):
             quiet_libraries(args.verbose)  # again: importing Ray Serve installs its own INFO-level logger
-            handle = serve_policy(config)
             bar.update()
 
             def through_serve(requests: list[GenerationRequest]) -> float:
@@ -163,9 +162,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             publish_to_served = time.perf_counter() - start
             tokens_of(result)
             bar.update()
-        finally:
-            stop_serving(config.name)
-            ray.shutdown()
 
     print(f"\n{'path':<34}{'tokens/s':>10}")
     print(f"{'bare async engine (in process)':<34}{bare:>10.1f}")

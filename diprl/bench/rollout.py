@@ -79,9 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
 
-    import ray
-
-    from diprl.raysession import connect
+    from diprl.raysession import ray_session
     from diprl.rollout.episode import EpisodeConfig
     from diprl.rollout.worker import RolloutRunner, WorkerConfig, stratified_matches
 
@@ -90,9 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     matches = bot_matches(args.matches, args.seed)
     assert not any(m.trains for m in matches) and all(m.ref(p).is_bot for m in matches for p in m.seats)
     print(f"rollout benchmark: group size {args.group_size}, horizon 1 year, {args.workers} workers")
-    connect(address="local", num_cpus=args.workers + 2, **ray_init_options(args.verbose))
     enabled = bar_enabled(args.quiet)
-    try:
+    with ray_session(address="local", num_cpus=args.workers + 2, **ray_init_options(args.verbose)):
         # A bar over the stages (closed before each block of results is printed).
         bar = progress_bar(5, "bots only: warm-up", enabled, "stage")
         with bar:
@@ -120,18 +117,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nbare game layer, same matches and phase counts, one process: {bare_rate:.1f} phases/s")
         if not args.skip_model:
             from diprl.inference.config import ServerConfig
-            from diprl.inference.server import serve_policy, stop_serving
+            from diprl.inference.server import serving
 
-            with progress_bar(3, "tiny model: starting the PolicyServer", enabled, "stage") as bar:
+            server = ServerConfig(
+                model="tiny",
+                adapter_root=str(run_dir / "adapters"),
+                adapter_cache=str(run_dir / "c"),
+                log_level="INFO" if args.verbose else "WARNING",
+            )
+            with serving(server), progress_bar(3, "tiny model: starting the PolicyServer", enabled, "stage") as bar:
                 quiet_libraries(args.verbose)  # again: importing Ray Serve installs its own INFO-level logger
-                serve_policy(
-                    ServerConfig(
-                        model="tiny",
-                        adapter_root=str(run_dir / "adapters"),
-                        adapter_cache=str(run_dir / "c"),
-                        log_level="INFO" if args.verbose else "WARNING",
-                    )
-                )
                 bar.update()
                 bar.set_description("tiny model: warm-up match")
                 model_runner = RolloutRunner(
@@ -149,9 +144,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             summarise("tiny model through the PolicyServer", model_summaries, wall)
             bad = sum(s.bad_completions for s in model_summaries)
             print(f"  bad completions: {bad}; groups delivered: {sum(len(s.groups) for s in model_summaries)}")
-            stop_serving("policy")
-    finally:
-        ray.shutdown()
     print(f"rollout_efficiency={rollout_rate / bare_rate:.2f}")
     return 0
 

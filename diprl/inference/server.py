@@ -625,6 +625,17 @@ def stop_serving(app: str, adapter_root: str | Path | None = None) -> None:
         serve.delete(app)
 
 
+@contextlib.contextmanager
+def serving(config: ServerConfig) -> Iterator[Any]:
+    """The PolicyServer of `config` (its deployment handle) for the length of a `with` block, on the running
+    Ray; deleted after it, however the block ends, and only if it still serves `config`'s adapters."""
+    handle = serve_policy(config)
+    try:
+        yield handle
+    finally:
+        stop_serving(config.name, adapter_root=config.adapter_root)
+
+
 def serve_policy(config: ServerConfig) -> Any:
     """Start (or update) the PolicyServer on the running Ray cluster and return its deployment handle.
 
