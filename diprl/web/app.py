@@ -26,7 +26,7 @@ from fastapi.templating import Jinja2Templates
 from diprl.web import games as games_mod
 from diprl.web import runs as runs_mod
 from diprl.web.auth import token_guard
-from diprl.web.league_view import NoLeague, league_view
+from diprl.web.league_view import NoLeague, crossplay_reports, league_view
 from diprl.web.play import ClientFor, PlayError, PlayRoom, PlaySession, bot_names, check_setup, powers
 
 HERE = Path(__file__).resolve().parent
@@ -128,12 +128,14 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
         name, path = pick_run(run)
         league: dict[str, Any] | None = None
         problem = ""
+        crossplay: list[dict[str, Any]] = []
         if path is not None:
+            crossplay = crossplay_reports(path)
             try:
                 league = league_view(path)
             except NoLeague as exc:
                 problem = str(exc)
-        return page(request, "league.html", run=name, league=league, problem=problem)
+        return page(request, "league.html", run=name, league=league, problem=problem, crossplay=crossplay)
 
     @app.get("/api/league")
     def league_api(run: str) -> dict[str, Any]:

@@ -10,8 +10,8 @@ another lost its GCS connection here and aborted the process a minute later. Ray
 handler is left out (`RAY_DISABLE_FAILURE_SIGNAL_HANDLER`): it takes SIGTERM from the app's own handler
 and aborts, where the app should stop the PolicyServer and exit.
 
-Started beside a training run (`start_web(..., client_factory=...)`), the app uses the caller's factory
-instead: the run's own PolicyServer, no second Ray.
+Started beside a training run, the app takes the caller's factory instead: `RunServerClients`, the run's
+own PolicyServer (no second Ray), which serves that run's adapters and the base model and nothing else.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -71,3 +72,29 @@ class LocalPolicyClients:
         with self._lock:
             self._ray_thread.submit(self._close).result()
             self._ray_thread.shutdown()
+
+
+class RunServerClients:
+    """`adapters -> PolicyClient` for an app beside a training run: every LLM seat goes to the run's server.
+
+    `make_client` builds the client once, on the first LLM seat (in the training driver:
+    `lambda: ServeClient(app_name=<the run's Serve app>)`). Versions of another run's store are refused
+    with a message saying where to play them: this server cannot load them.
+    """
+
+    def __init__(self, adapters: Path, make_client: Callable[[], PolicyClient]) -> None:
+        self.adapters = adapters.resolve()
+        self.make_client = make_client
+        self._lock = threading.Lock()
+        self._client: PolicyClient | None = None
+
+    def __call__(self, adapters: Path | None) -> PolicyClient:
+        if adapters is not None and adapters.resolve() != self.adapters:
+            raise ValueError(
+                f"this app runs beside the training run whose PolicyServer serves {self.adapters}; versions from "
+                f"{adapters} need `python -m diprl.web` on its own (it starts a PolicyServer for them)"
+            )
+        with self._lock:
+            if self._client is None:
+                self._client = self.make_client()
+            return self._client

@@ -5,7 +5,9 @@ with a checksum and the previous good copy beside it), so the page follows the r
 with the league's own pieces (`Payoff`, `Ratings`, `max_entropy_nash` over the measured pairs) the way
 `LeagueManager.summary` builds `league_summary.json`, which is used when no state is readable. Snapshots
 over time come from the `league` records of `metrics.jsonl` (one per published version: snapshot or
-not, reset or not, the win rate the snapshot rule saw).
+not, reset or not, the win rate the snapshot rule saw). Crossplay evaluations of the run
+(`python -m diprl.evaluate crossplay=[...] out=<run>/eval/<tag>`: every policy as hero against six of
+every other) are read from `eval/<tag>/report.json`: their measured payoff and Nash weights.
 """
 
 from __future__ import annotations
@@ -99,6 +101,36 @@ def league_view(run_dir: Path) -> dict[str, Any]:
     summary["source"] = source
     summary["timeline"] = league_timeline(read_metrics(run_dir / "metrics.jsonl"))
     return summary
+
+
+def crossplay_reports(run_dir: Path) -> list[dict[str, Any]]:
+    """The crossplay summaries (`diprl.eval.crossplay.summarize_crossplay`) under `eval/*/report.json`."""
+    out = []
+    for path in sorted((run_dir / "eval").glob("*/report.json")):
+        try:
+            crossplay = json.loads(path.read_text()).get("crossplay")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(crossplay, dict):
+            continue
+        policies, payoff, nash = crossplay.get("policies"), crossplay.get("payoff"), crossplay.get("nash")
+        if not (isinstance(policies, list) and isinstance(payoff, list) and isinstance(nash, dict)):
+            continue
+        square = len(payoff) == len(policies) and all(isinstance(r, list) and len(r) == len(policies) for r in payoff)
+        if not square:
+            continue
+        games = crossplay.get("games")
+        out.append(
+            {
+                "tag": path.parent.name,
+                "policies": [str(p) for p in policies],
+                "payoff": payoff,
+                "games": games if isinstance(games, list) else [[0] * len(policies) for _ in policies],
+                "nash": {str(k): float(v) for k, v in nash.items() if isinstance(v, int | float)},
+                "definition": str(crossplay.get("payoff_definition", "")),
+            }
+        )
+    return out
 
 
 def league_timeline(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -342,6 +342,13 @@ class PlayRoom:
         self._lock = threading.Lock()
 
     def start(self, setup: PlaySetup, seed: int | None = None) -> PlaySession:
+        """A new game, saved at once; the LLM seats' client is set up first, so a game that cannot be
+        served is refused before it exists (a local PolicyServer starts here, once)."""
+        if setup.llm_seats:
+            try:
+                self.client_for(setup.adapters)
+            except Exception as exc:
+                raise PlayError(f"no PolicyServer for the LLM seats ({', '.join(setup.llm_seats)}): {exc}") from exc
         game_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
         session = PlaySession(
             game_id=game_id,

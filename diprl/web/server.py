@@ -95,8 +95,9 @@ def start_web(
 ) -> WebHandle:
     """Start the app in a daemon thread beside the caller (a training run) and return its handle.
 
-    `client_factory` answers LLM seats of games played in the browser (the run's own PolicyServer);
-    without one, the first LLM seat starts a local Ray + PolicyServer (`diprl.web.clients`). Raises
+    `client_factory` answers LLM seats of games played in the browser: beside a run, `RunServerClients`
+    over the run's own PolicyServer; without one, the first LLM seat starts a local Ray + PolicyServer
+    (`diprl.web.clients.LocalPolicyClients`, stopped by `.stop()`). Raises
     `TokenRequired` for a non-loopback host without a token and `OSError` when the port is taken.
     `poll_s`: how often the runs page asks for new metrics while a run goes.
     """

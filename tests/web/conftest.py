@@ -141,6 +141,16 @@ def _eval_replay(run_dir: Path) -> None:
     write_replay(game, run_dir / "eval" / "step3" / "replays" / "bot_random", "game0000", seats, "ENGLAND")
 
 
+def _crossplay(run_dir: Path) -> None:
+    """A crossplay evaluation of three bots, written where `python -m diprl.evaluate ... out=` puts it."""
+    from diprl.evaluate import main
+
+    out = run_dir / "eval" / "crossplay"
+    args = ["policy=bot:dumbbot", "opponents=bot:random", "games=7", "max_year=1901", "progress=false"]
+    args += ["crossplay=[bot:random,bot:dumbbot,bot:hold]", "crossplay_games=7", f"out={out}"]
+    assert main(args) == 0
+
+
 @dataclass
 class RunTree:
     runs_dir: Path
@@ -163,6 +173,7 @@ def build_run(runs_dir: Path, name: str = RUN) -> RunTree:
     _publish_versions(run_dir / "adapters", 3)
     trace = _trace(run_dir)
     _eval_replay(run_dir)
+    _crossplay(run_dir)
     (run_dir / ".lock").write_text("12345")  # a finished run leaves its lock file behind, unlocked
     return RunTree(runs_dir, run_dir, trace)
 

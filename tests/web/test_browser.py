@@ -105,6 +105,11 @@ def test_league_page_shows_members_payoff_nash_and_snapshots(browser: Any, web: 
     timeline = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#timeline tr")[1:]]
     assert [("main@v" + str(i + 1)) in t for i, t in enumerate(timeline)] == [True] * 3
     assert "snapshot main@v2" in timeline[1]
+    crossplay = json.loads((run_tree.run_dir / "eval" / "crossplay" / "report.json").read_text())["crossplay"]
+    cells = browser.find_elements(By.CSS_SELECTOR, "#crossplay-crossplay td")
+    assert [c.text for c in cells] == [f"{v:.2f}" if v is not None else "-" for row in crossplay["payoff"] for v in row]
+    weights = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#crossplay-crossplay .nash .num")]
+    assert weights == [f"{crossplay['nash'][p]:.2f}" for p in crossplay["policies"]]
     _shot(browser, "league")
 
 

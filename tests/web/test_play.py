@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from diprl.game import DiplomacyGame, PhaseKind
 from diprl.web.app import WebConfig, create_app
+from diprl.web.clients import RunServerClients
 from diprl.web.play import PlayError, PlaySession, check_orders
 from tests.web.conftest import POWERS, RUN, FakePolicyClients, RunTree
 
@@ -28,10 +30,13 @@ def http(run_tree: RunTree, clients: FakePolicyClients) -> Iterator[TestClient]:
         yield client
 
 
-def _new_game(http: TestClient, human: str = "FRANCE", max_year: int = 1901, run: str = "", **seats: str) -> str:
+def _form(human: str, max_year: int, run: str, **seats: str) -> dict[str, str]:
     form = {"human": human, "max_year": str(max_year), "run": run}
-    form |= {f"seat:{p}": seats.get(p, "bot:random") for p in POWERS if p != human}
-    response = http.post("/play", data=form)
+    return form | {f"seat:{p}": seats.get(p, "bot:random") for p in POWERS if p != human}
+
+
+def _new_game(http: TestClient, human: str = "FRANCE", max_year: int = 1901, run: str = "", **seats: str) -> str:
+    response = http.post("/play", data=_form(human, max_year, run, **seats))
     assert response.status_code == 303, response.text
     return str(response.headers["location"]).rsplit("/", 1)[1]
 
@@ -183,6 +188,29 @@ def test_a_finished_game_is_saved_as_a_replay_and_shown_on_the_games_page(http: 
     assert f"played {game_id} (FRANCE)" in _text(listing)
     view = http.get("/games/view", params={"run": RUN, "id": f"play/{game_id}"})
     assert view.status_code == 200 and '"FRANCE": "human"' in _text(view)
+
+
+def test_beside_a_training_run_llm_seats_go_to_its_server_and_other_runs_are_refused(
+    run_tree: RunTree, tmp_path: Path
+) -> None:
+    other = tmp_path / "runs" / "other"
+    shutil.copytree(run_tree.run_dir, other)
+    shutil.copytree(run_tree.run_dir, tmp_path / "runs" / RUN, ignore=shutil.ignore_patterns("play"))
+    made: list[FakePolicyClients] = []
+
+    def make_client() -> object:
+        made.append(FakePolicyClients())
+        return made[-1](other / "adapters")
+
+    app = create_app(WebConfig(runs_dir=tmp_path / "runs"), RunServerClients(other / "adapters", make_client))
+    with TestClient(app, follow_redirects=False) as http:
+        refused = http.post("/play", data=_form("FRANCE", 1901, RUN, ENGLAND="main@v2"))
+        assert refused.status_code == 400 and not made
+        assert "this app runs beside the training run whose PolicyServer serves" in _text(refused)
+        for _ in range(2):
+            assert http.post("/play", data=_form("FRANCE", 1901, "other", ENGLAND="main@v2")).status_code == 303
+        assert http.post("/play", data=_form("FRANCE", 1901, "", ENGLAND="base")).status_code == 303
+        assert len(made) == 1  # one client, made for the first LLM seat
 
 
 def test_unknown_runs_games_and_phases_are_404s(http: TestClient) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diprl.web import games, runs
-from diprl.web.league_view import NoLeague, league_view, summary_from_state
+from diprl.web.league_view import NoLeague, crossplay_reports, league_view, summary_from_state
 from tests.web.conftest import RUN, RunTree
 
 
@@ -74,6 +74,17 @@ def test_league_view_of_the_state_matches_the_managers_own_summary(run_tree: Run
         ("main@v2", True, 2),
         ("main@v3", True, 4),
     ]
+
+
+def test_crossplay_evaluations_of_the_run_are_read_from_their_reports(run_tree: RunTree, tmp_path: Path) -> None:
+    report = json.loads((run_tree.run_dir / "eval" / "crossplay" / "report.json").read_text())["crossplay"]
+    [found] = crossplay_reports(run_tree.run_dir)
+    assert found["tag"] == "crossplay" and found["policies"] == ["bot:random", "bot:dumbbot", "bot:hold"]
+    assert found["payoff"] == report["payoff"] and found["nash"] == report["nash"]
+    run_dir = _copy(run_tree, tmp_path)
+    (run_dir / "eval" / "crossplay" / "report.json").write_text('{"crossplay": {"policies": ["a"], "payoff": []}}')
+    (run_dir / "eval" / "step3" / "report.json").write_text("not json")
+    assert crossplay_reports(run_dir) == []
 
 
 def test_a_corrupt_league_falls_back_to_the_summary_then_says_so(run_tree: RunTree, tmp_path: Path) -> None:
