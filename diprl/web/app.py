@@ -25,7 +25,7 @@ from fastapi.templating import Jinja2Templates
 
 from diprl.web import games as games_mod
 from diprl.web import runs as runs_mod
-from diprl.web.auth import token_guard
+from diprl.web.auth import origin_guard, token_guard
 from diprl.web.league_view import NoLeague, crossplay_reports, league_view
 from diprl.web.play import ClientFor, PlayError, PlayRoom, PlaySession, bot_names, check_setup, powers
 
@@ -39,6 +39,7 @@ class WebConfig:
     runs_dir: Path
     token: str | None = None
     poll_s: float = 5.0  # how often the runs page asks for new metrics while a run goes
+    exposed: bool = False  # listening on a non-loopback address (with a token): any Host header is fine
 
 
 class PageError(Exception):
@@ -58,10 +59,11 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
     """The app over `config.runs_dir`; `client_for(adapters)` answers the LLM seats of games played here."""
     runs_dir = config.runs_dir
     app = FastAPI(title="diprl", docs_url=None, redoc_url=None, openapi_url=None)
-    if config.token is not None:
-        from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.middleware.base import BaseHTTPMiddleware
 
+    if config.token is not None:
         app.add_middleware(BaseHTTPMiddleware, dispatch=token_guard(config.token))
+    app.add_middleware(BaseHTTPMiddleware, dispatch=origin_guard(loopback_hosts_only=not config.exposed))
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["json_data"] = _json_data

@@ -7,6 +7,11 @@ address, every request must carry it: an `Authorization: Bearer <token>` or `X-D
 the `diprl_token` cookie. A first visit to `...?token=<token>` sets that cookie (HttpOnly, SameSite=Strict)
 and redirects to the same address without the token, so it stays out of the history and of links.
 Tokens are compared in constant time.
+
+Two more checks keep other web pages out of a server on loopback: a form posted from another origin
+(its `Origin` header names another host than the request's `Host`) is refused, so a page elsewhere cannot
+start games here; and without a token, a request whose `Host` is not a loopback name is refused, so a DNS
+name rebound to 127.0.0.1 cannot read the pages either.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import ipaddress
 import os
 import secrets
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
@@ -89,5 +94,23 @@ def token_guard(token: str) -> Dispatch:
             f"send an 'Authorization: Bearer <token>' header. The token is the --token given to it or {TOKEN_ENV}.",
             status_code=401,
         )
+
+    return dispatch
+
+
+def origin_guard(loopback_hosts_only: bool) -> Dispatch:
+    """Refuse cross-origin form posts, and (`loopback_hosts_only`) any `Host` that is not a loopback name."""
+
+    async def dispatch(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        host = request.headers.get("host", "")
+        if loopback_hosts_only and not is_loopback(urlsplit(f"//{host}").hostname or ""):
+            return PlainTextResponse(
+                f"403: this server answers only on a loopback address, not {host[:80]!r} (a rebound DNS name?)",
+                status_code=403,
+            )
+        origin = request.headers.get("origin")
+        if request.method not in ("GET", "HEAD", "OPTIONS") and origin and urlsplit(origin).netloc != host:
+            return PlainTextResponse(f"403: a form from {origin[:80]!r} may not act on this server", status_code=403)
+        return await call_next(request)
 
     return dispatch

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diprl.rollout.clients import PolicyClient
-from diprl.web.auth import resolve_token
+from diprl.web.auth import is_loopback, resolve_token
 
 if TYPE_CHECKING:
     import uvicorn
@@ -67,14 +67,16 @@ def _address(host: str, sock: socket.socket, token: str | None) -> tuple[str, st
     return url, (f"{url}?token={token}" if token else url)
 
 
-def _server(runs_dir: Path, token: str | None, client_for: ClientFactory, poll_s: float = 5.0) -> uvicorn.Server:
+def _server(
+    runs_dir: Path, host: str, token: str | None, client_for: ClientFactory, poll_s: float = 5.0
+) -> uvicorn.Server:
     import uvicorn
 
     from diprl.web.app import WebConfig, create_app
 
-    app = create_app(WebConfig(runs_dir=Path(runs_dir), token=token, poll_s=poll_s), client_for)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    return uvicorn.Server(config)
+    config = WebConfig(runs_dir=Path(runs_dir), token=token, poll_s=poll_s, exposed=not is_loopback(host))
+    app = create_app(config, client_for)
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
 
 
 def _default_clients(runs_dir: Path) -> tuple[ClientFactory, Callable[[], None]]:
@@ -106,7 +108,7 @@ def start_web(
     if client_factory is None:
         client_factory, on_stop = _default_clients(Path(runs_dir))
     sock = bind(host, port)
-    server = _server(Path(runs_dir), token, client_factory, poll_s)
+    server = _server(Path(runs_dir), host, token, client_factory, poll_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="diprl-web", daemon=True)
     thread.start()
     url, login = _address(host, sock, token)
@@ -122,7 +124,7 @@ def serve(runs_dir: Path, host: str, port: int, token: str | None, announce: Cal
     token = resolve_token(host, token)
     client_factory, on_stop = _default_clients(runs_dir)
     sock = bind(host, port)
-    server = _server(runs_dir, token, client_factory)
+    server = _server(runs_dir, host, token, client_factory)
     _, login = _address(host, sock, token)
     announce(login)
     previous = signal.signal(signal.SIGTERM, _interrupt)

@@ -17,6 +17,8 @@ from diprl.web.clients import RunServerClients
 from diprl.web.play import PlayError, PlaySession, check_orders
 from tests.web.conftest import POWERS, RUN, FakePolicyClients, RunTree
 
+LOCAL = "http://127.0.0.1:8080"
+
 
 @pytest.fixture
 def clients() -> FakePolicyClients:
@@ -26,7 +28,7 @@ def clients() -> FakePolicyClients:
 @pytest.fixture
 def http(run_tree: RunTree, clients: FakePolicyClients) -> Iterator[TestClient]:
     app = create_app(WebConfig(runs_dir=run_tree.runs_dir), clients)
-    with TestClient(app, follow_redirects=False) as client:
+    with TestClient(app, base_url=LOCAL, follow_redirects=False) as client:
         yield client
 
 
@@ -203,7 +205,7 @@ def test_beside_a_training_run_llm_seats_go_to_its_server_and_other_runs_are_ref
         return made[-1](other / "adapters")
 
     app = create_app(WebConfig(runs_dir=tmp_path / "runs"), RunServerClients(other / "adapters", make_client))
-    with TestClient(app, follow_redirects=False) as http:
+    with TestClient(app, base_url=LOCAL, follow_redirects=False) as http:
         refused = http.post("/play", data=_form("FRANCE", 1901, RUN, ENGLAND="main@v2"))
         assert refused.status_code == 400 and not made
         assert "this app runs beside the training run whose PolicyServer serves" in _text(refused)
@@ -211,6 +213,19 @@ def test_beside_a_training_run_llm_seats_go_to_its_server_and_other_runs_are_ref
             assert http.post("/play", data=_form("FRANCE", 1901, "other", ENGLAND="main@v2")).status_code == 303
         assert http.post("/play", data=_form("FRANCE", 1901, "", ENGLAND="base")).status_code == 303
         assert len(made) == 1  # one client, made for the first LLM seat
+
+
+def test_forms_from_other_sites_and_rebound_host_names_are_refused(http: TestClient, run_tree: RunTree) -> None:
+    form = _form("FRANCE", 1901, "")
+    refused = http.post("/play", data=form, headers={"Origin": "http://evil.example"})
+    assert refused.status_code == 403 and "may not act on this server" in refused.text
+    assert not http.app.state.room.sessions  # type: ignore[attr-defined]
+    assert http.get("/", headers={"Host": "evil.example:8080"}).status_code == 403
+    assert http.get("/", headers={"Host": "localhost:8080"}).status_code == 200
+    assert http.post("/play", data=form, headers={"Origin": LOCAL}).status_code == 303
+    exposed = create_app(WebConfig(runs_dir=run_tree.runs_dir, token="x" * 20, exposed=True), FakePolicyClients())
+    with TestClient(exposed, base_url="http://diprl.lan:8080") as client:
+        assert client.get("/", headers={"X-Diprl-Token": "x" * 20}).status_code == 200
 
 
 def test_unknown_runs_games_and_phases_are_404s(http: TestClient) -> None:
@@ -231,7 +246,7 @@ def test_unknown_runs_games_and_phases_are_404s(http: TestClient) -> None:
 
 def test_every_page_says_so_when_there_is_no_run_yet(tmp_path: Path) -> None:
     app = create_app(WebConfig(runs_dir=tmp_path / "runs"), FakePolicyClients())
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         for path in ("/", "/league", "/games"):
             response = client.get(path)
             assert response.status_code == 200 and "No run yet under" in response.text, path
