@@ -211,16 +211,6 @@ class PlaySession:
         return f"finished: solo by {winner}" if winner else f"finished: year cap {self.setup.max_year}"
 
     # ---------------------------------------------------------------- moves
-    def start(self) -> None:
-        """Play the phases before the person's first decision (none in spring 1901) and save."""
-        with self.lock:
-            try:
-                self._advance()
-            except SeatFailure as exc:
-                raise PlayError(str(exc)) from exc
-            finally:
-                self.save()
-
     def submit(self, phase: str, chosen: Mapping[str, str]) -> PhaseRecord:
         """Play the person's orders for `phase` (one choice per location) and every seat's, then move on."""
         with self.lock:
@@ -245,7 +235,8 @@ class PlaySession:
             return record
 
     def resume(self) -> None:
-        """Play on the phases the person has nothing to order in (after a seat failed to answer)."""
+        """Play on the phases the person has nothing to order in (before the first decision, or after a seat
+        failed to answer), then save."""
         with self.lock:
             try:
                 self._advance()
@@ -357,7 +348,7 @@ class PlayRoom:
             client_for=self.client_for,
             seed=secrets.randbelow(2**31) if seed is None else seed,
         )
-        session.start()
+        session.resume()
         with self._lock:
             self.sessions[game_id] = session
         return session
