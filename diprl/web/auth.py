@@ -1,0 +1,116 @@
+"""Who may talk to the web app: loopback by default; any other address only with a token.
+
+The app shows a run's configuration and games and starts games that spend the machine's time, so it
+listens on 127.0.0.1 unless told otherwise, and binding any other address (0.0.0.0, a LAN address, a
+host name) refuses to start without a token (`--token` or `DIPRL_WEB_TOKEN`). With a token, on any
+address, every request must carry it: an `Authorization: Bearer <token>` or `X-Diprl-Token` header, or
+the `diprl_token` cookie. A first visit to `...?token=<token>` sets that cookie (HttpOnly, SameSite=Strict)
+and redirects to the same address without the token, so it stays out of the history and of links.
+Tokens are compared in constant time.
+
+Two more checks keep other web pages out of a server on loopback: a form posted from another origin
+(its `Origin` header names another host than the request's `Host`) is refused, so a page elsewhere cannot
+start games here; and without a token, a request whose `Host` is not a loopback name is refused, so a DNS
+name rebound to 127.0.0.1 cannot read the pages either.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode, urlsplit
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+
+TOKEN_ENV = "DIPRL_WEB_TOKEN"
+COOKIE = "diprl_token"
+HEADER = "x-diprl-token"
+MIN_TOKEN_CHARS = 16
+
+
+class TokenRequired(ValueError):
+    """The address needs a token and none was given, or the token is too short to protect anything."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and `localhost`; any other name or address counts as exposed."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_token(host: str, token: str | None) -> str | None:
+    """The token the server will demand (`token`, else `$DIPRL_WEB_TOKEN`); `TokenRequired` off loopback."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise TokenRequired(
+            f"the web token must be at least {MIN_TOKEN_CHARS} characters (e.g. {secrets.token_urlsafe(24)})"
+        )
+    if token is None and not is_loopback(host):
+        raise TokenRequired(
+            f"refusing to listen on {host} without a token: anyone who reaches that address could use the app. "
+            f"Give one with --token or {TOKEN_ENV} (e.g. {TOKEN_ENV}={secrets.token_urlsafe(24)}), or listen on "
+            "127.0.0.1"
+        )
+    return token
+
+
+def _presented(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get(HEADER) or request.cookies.get(COOKIE)
+
+
+Dispatch = Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]
+
+
+def token_guard(token: str) -> Dispatch:
+    """An HTTP middleware's dispatch (`BaseHTTPMiddleware`): refuse every request without `token`."""
+    expected = token.encode()
+
+    def ok(value: str | None) -> bool:
+        return value is not None and secrets.compare_digest(value.encode(), expected)
+
+    async def dispatch(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if ok(_presented(request)):
+            return await call_next(request)
+        if ok(request.query_params.get("token")):
+            if request.method in ("GET", "HEAD"):
+                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+                response: Response = RedirectResponse(request.url.path + (f"?{urlencode(rest)}" if rest else ""), 303)
+            else:
+                response = await call_next(request)
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+            return response
+        return PlainTextResponse(
+            "401: this diprl web server needs its token. Open the address it printed at start (.../?token=...), or "
+            f"send an 'Authorization: Bearer <token>' header. The token is the --token given to it or {TOKEN_ENV}.",
+            status_code=401,
+        )
+
+    return dispatch
+
+
+def origin_guard(loopback_hosts_only: bool) -> Dispatch:
+    """Refuse cross-origin form posts, and (`loopback_hosts_only`) any `Host` that is not a loopback name."""
+
+    async def dispatch(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        host = request.headers.get("host", "")
+        if loopback_hosts_only and not is_loopback(urlsplit(f"//{host}").hostname or ""):
+            return PlainTextResponse(
+                f"403: this server answers only on a loopback address, not {host[:80]!r} (a rebound DNS name?)",
+                status_code=403,
+            )
+        origin = request.headers.get("origin")
+        if request.method not in ("GET", "HEAD", "OPTIONS") and origin and urlsplit(origin).netloc != host:
+            return PlainTextResponse(f"403: a form from {origin[:80]!r} may not act on this server", status_code=403)
+        return await call_next(request)
+
+    return dispatch

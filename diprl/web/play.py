@@ -1,0 +1,363 @@
+"""A person at the table: one power played from the browser against six seats of any PolicyRef.
+
+The person only ever picks from the game layer's legal orders (`DiplomacyGame.legal_orders`): one
+choice per unit (movement, retreats), per build site (builds: leave a site empty to waive it) or per
+unit (disbands: exactly as many as the phase takes). Rule-bot seats decide in this process; LLM seats
+(`base`, `<policy>@v<N>`) are answered in one batched call through a policy client (`PolicyClient`, the
+PolicyServer's plain-dict schema, as in rollouts and evaluation). Everything is checked before the game
+moves: a stale phase (the form was for an earlier phase), an order outside the legal set, a unit ordered
+twice, a missing order, a client that fails; each is a `PlayError` naming what is wrong, and the game
+stays exactly where it was.
+
+Phases in which the person has nothing to order are played on at once. The game ends at its year cap, a
+solo, or when the person's power is eliminated. After every phase the game is written under
+`<runs>/play/<game_id>/`: `replay.json` (the engine's saved-game format, see `diprl.game.replay`) and
+`game.json` (seats, the person's power, status, result), so a game in play and a finished one can be
+opened on the games page.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from diprl.atomic_io import write_file_atomic
+from diprl.game import DiplomacyGame, PhaseKind, PhaseRecord, PowerOrders
+from diprl.messages import PolicyRef, UnknownPolicyRef
+from diprl.rollout.clients import PolicyClient
+from diprl.web.runs import PLAY_DIR
+
+FIRST_YEAR = 1901
+MAX_YEAR = 1935
+TEMPERATURE = 1.0  # LLM seats sample as in training
+MAX_TOKENS = 384
+
+ClientFor = Callable[[Path | None], PolicyClient]
+"""Gives the policy client for LLM seats served from an adapter store (None: no adapters, `base` only)."""
+
+
+class PlayError(ValueError):
+    """Bad input for a game: the message says what is wrong; nothing was changed."""
+
+    status = 400
+
+
+class StalePhase(PlayError):
+    status = 409
+
+
+class UnknownPlayGame(PlayError, LookupError):
+    status = 404
+
+
+class SeatFailure(RuntimeError):
+    """An LLM seat could not be answered (server down, wrong answer count): the phase was not played."""
+
+
+@cache
+def powers() -> tuple[str, ...]:
+    return DiplomacyGame().powers
+
+
+def bot_names() -> tuple[str, ...]:
+    from diprl.bots import BOT_NAMES
+
+    return BOT_NAMES
+
+
+@dataclass(frozen=True)
+class PlaySetup:
+    """A checked game: the person's power, who sits in the other six seats, the year cap, whose adapters."""
+
+    human: str
+    seats: dict[str, str]  # every power, the person's included (as "human")
+    max_year: int
+    run: str | None
+    adapters: Path | None
+
+    @property
+    def llm_seats(self) -> list[str]:
+        return [p for p, ref in self.seats.items() if p != self.human and PolicyRef.parse(ref).is_llm]
+
+
+def check_setup(
+    human: str, seats: Mapping[str, str], max_year: int, run: str | None, adapters: Path | None
+) -> PlaySetup:
+    """Every choice checked before anything starts; `PlayError` names the first thing wrong."""
+    if human not in powers():
+        raise PlayError(f"unknown power {str(human)[:40]!r}; powers are {', '.join(powers())}")
+    unknown = sorted(set(seats) - set(powers()))
+    if unknown:
+        raise PlayError(f"unknown power {unknown[0][:40]!r} among the seats; powers are {', '.join(powers())}")
+    if human in seats:
+        raise PlayError(f"{human} is your power: it has no opponent seat")
+    missing = [p for p in powers() if p != human and not seats.get(p)]
+    if missing:
+        raise PlayError(f"no PolicyRef for {', '.join(missing)}: every other power needs a seat")
+    if isinstance(max_year, bool) or not isinstance(max_year, int) or not FIRST_YEAR <= max_year <= MAX_YEAR:
+        raise PlayError(f"the last year must be between {FIRST_YEAR} and {MAX_YEAR}, got {max_year!r}")
+    for power, text in seats.items():
+        check_ref(power, text, run, adapters)
+    return PlaySetup(human, {**dict(seats), human: "human"}, max_year, run, adapters)
+
+
+def check_ref(power: str, text: str, run: str | None, adapters: Path | None) -> PolicyRef:
+    """A PolicyRef that names somebody who can play: a registered bot, `base`, or a published version."""
+    try:
+        ref = PolicyRef.parse(text)
+    except UnknownPolicyRef as exc:
+        raise PlayError(f"{power}: {exc}") from None
+    if ref.is_bot and ref.name not in bot_names():
+        raise PlayError(f"{power}: unknown bot {text!r}; bots are {', '.join(bot_names())}")
+    if ref.is_adapter:
+        if adapters is None:
+            raise PlayError(f"{power}: {text} is an adapter version: choose the run whose adapters hold it")
+        from diprl.inference.adapters import AdapterError, AdapterStore
+
+        try:
+            AdapterStore(adapters).resolve(str(ref))
+        except AdapterError as exc:
+            raise PlayError(f"{power}: {text} is not a published version of run {run}: {exc}") from None
+    return ref
+
+
+def check_orders(legal: PowerOrders, chosen: Mapping[str, str]) -> list[str]:
+    """The orders to play from the person's choice per location ("" = none); `PlayError` if not legal.
+
+    Movement and retreats take one order per unit; builds at most as many as allowed (the rest are
+    waived); disbands exactly as many as required.
+    """
+    where = f"{legal.power} in {legal.phase}"
+    if legal.kind is PhaseKind.NONE:
+        raise PlayError(f"{where} has nothing to order")
+    for loc in chosen:
+        if loc not in legal.by_loc:
+            raise PlayError(
+                f"{str(loc)[:20]!r} is not one of the units or sites {where} orders ({', '.join(legal.locs)})"
+            )
+    orders = []
+    for loc, order in chosen.items():
+        if not order:
+            continue
+        if order not in legal.by_loc[loc]:
+            raise PlayError(f"{str(order)[:60]!r} is not a legal order for {loc} ({where})")
+        orders.append(order)
+    if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
+        missing = [loc for loc in legal.locs if not chosen.get(loc)]
+        if missing:
+            raise PlayError(f"no order for {', '.join(missing)} ({where}): every unit needs one")
+    elif legal.kind is PhaseKind.BUILD and len(orders) > legal.n_required:
+        raise PlayError(f"{where} allows {legal.n_required} build(s), {len(orders)} chosen")
+    elif legal.kind is PhaseKind.DISBAND and len(orders) != legal.n_required:
+        raise PlayError(f"{where} must disband {legal.n_required} unit(s), {len(orders)} chosen")
+    return sorted(orders)
+
+
+@dataclass
+class PlaySession:
+    """One game in the browser. `submit` is the only way it moves; it holds `lock` while it does."""
+
+    game_id: str
+    setup: PlaySetup
+    directory: Path
+    client_for: ClientFor
+    seed: int
+    game: DiplomacyGame = field(init=False)
+    notes: list[str] = field(default_factory=list)  # what LLM seats got wrong, per phase
+    created: float = field(default_factory=time.time)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        from diprl.bots import make_agent
+        from diprl.bots.base import seat_seed
+
+        self.game = DiplomacyGame(max_year=self.setup.max_year)
+        self.bots = {
+            power: make_agent(PolicyRef.parse(ref).name, seed=seat_seed(self.seed, i))
+            for i, (power, ref) in enumerate(sorted(self.setup.seats.items()))
+            if power != self.setup.human and PolicyRef.parse(ref).is_bot
+        }
+
+    # ---------------------------------------------------------------- views
+    @property
+    def human(self) -> str:
+        return self.setup.human
+
+    @property
+    def finished(self) -> bool:
+        return self.game.is_done or self.game.is_eliminated(self.human)
+
+    @property
+    def last(self) -> PhaseRecord | None:
+        history = self.game.history
+        return history[-1] if history else None
+
+    def legal(self) -> PowerOrders:
+        return self.game.legal_orders(self.human)
+
+    def status(self) -> str:
+        if not self.finished:
+            return "in play"
+        if self.game.is_eliminated(self.human):
+            return "finished: eliminated"
+        winner = self.game.solo_winner()
+        return f"finished: solo by {winner}" if winner else f"finished: year cap {self.setup.max_year}"
+
+    # ---------------------------------------------------------------- moves
+    def submit(self, phase: str, chosen: Mapping[str, str]) -> PhaseRecord:
+        """Play the person's orders for `phase` (one choice per location) and every seat's, then move on."""
+        with self.lock:
+            if self.finished:
+                raise PlayError(f"the game is over ({self.status()}); nothing was changed")
+            if phase != self.game.phase:
+                raise StalePhase(
+                    f"stale phase: these orders were for {str(phase)[:20]!r} but the game is at {self.game.phase}; "
+                    "nothing was changed (reload the page)"
+                )
+            orders = check_orders(self.legal(), chosen)
+            try:
+                record = self._play_phase(orders)
+            except SeatFailure as exc:
+                raise PlayError(f"{exc}; nothing was changed") from exc
+            try:
+                self._advance()
+            except SeatFailure as exc:
+                raise PlayError(f"your orders for {phase} were played, then {exc}: continue to try again") from exc
+            finally:
+                self.save()
+            return record
+
+    def resume(self) -> None:
+        """Play on the phases the person has nothing to order in (before the first decision, or after a seat
+        failed to answer), then save."""
+        with self.lock:
+            try:
+                self._advance()
+            except SeatFailure as exc:
+                raise PlayError(str(exc)) from exc
+            finally:
+                self.save()
+
+    def _advance(self) -> None:
+        while not self.finished and self.legal().kind is PhaseKind.NONE:
+            self._play_phase([])
+
+    def _play_phase(self, human_orders: list[str]) -> PhaseRecord:
+        """Everyone's orders for the current phase, then one step; nothing moves if a seat cannot answer."""
+        from diprl.policy.prompt import build_prompt
+
+        game = self.game
+        orders: dict[str, list[str]] = {self.human: human_orders}
+        requests: list[dict[str, Any]] = []
+        asked: list[str] = []
+        for power in game.orderable_powers():
+            if power == self.human:
+                continue
+            ref = self.setup.seats[power]
+            if power in self.bots:
+                orders[power] = self.bots[power].orders(game, power)
+                continue
+            requests.append(
+                {
+                    "policy": ref,
+                    "prompt": build_prompt(game, power).text,
+                    "legal": game.legal_orders(power).to_dict(),
+                    "temperature": TEMPERATURE,
+                    "max_tokens": MAX_TOKENS,
+                }
+            )
+            asked.append(power)
+        if requests:
+            try:
+                answers = self.client_for(self.setup.adapters).generate(requests)
+            except Exception as exc:  # a server that is down or refuses: the phase is not played
+                raise SeatFailure(
+                    f"the PolicyServer could not answer the LLM seats ({', '.join(asked)}) in {game.phase}: "
+                    f"{exc!r:.300}"
+                ) from exc
+            if len(answers) != len(requests):
+                raise SeatFailure(
+                    f"the policy client answered {len(answers)} of {len(requests)} requests in {game.phase}"
+                )
+            for power, answer in zip(asked, answers, strict=True):
+                if answer.get("error") or not answer.get("complete", False):
+                    why = answer.get("error") or "an incomplete order set"
+                    self.notes.append(
+                        f"{game.phase} {power} ({self.setup.seats[power]}): {str(why)[:200]}; defaults filled in"
+                    )
+                orders[power] = [str(o) for o in answer.get("orders") or []]
+        return game.step(orders)
+
+    # ---------------------------------------------------------------- saving
+    def meta(self) -> dict[str, Any]:
+        from diprl.game.scoring import ranks
+
+        centres = self.game.centre_counts()
+        return {
+            "game_id": self.game_id,
+            "human": self.human,
+            "seats": self.setup.seats,
+            "max_year": self.setup.max_year,
+            "run": self.setup.run,
+            "seed": self.seed,
+            "created": self.created,
+            "status": self.status(),
+            "phase": self.game.phase,
+            "centres": centres,
+            "ranks": ranks(centres),
+            "notes": self.notes[-50:],
+        }
+
+    def save(self) -> None:
+        from diprl.game.replay import to_saved_game
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(self.directory / "replay.json", json.dumps(to_saved_game(self.game, self.game_id)).encode())
+        write_file_atomic(self.directory / "game.json", json.dumps(self.meta(), indent=1).encode())
+
+
+class PlayRoom:
+    """The games being played in this server, by id; each is saved under `<runs>/play/<id>/`."""
+
+    def __init__(self, runs_dir: Path, client_for: ClientFor) -> None:
+        self.runs_dir = runs_dir
+        self.client_for = client_for
+        self.sessions: dict[str, PlaySession] = {}
+        self._lock = threading.Lock()
+
+    def start(self, setup: PlaySetup, seed: int | None = None) -> PlaySession:
+        """A new game, saved at once; the LLM seats' client is set up first, so a game that cannot be
+        served is refused before it exists (a local PolicyServer starts here, once)."""
+        if setup.llm_seats:
+            try:
+                self.client_for(setup.adapters)
+            except Exception as exc:
+                raise PlayError(f"no PolicyServer for the LLM seats ({', '.join(setup.llm_seats)}): {exc}") from exc
+        game_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+        session = PlaySession(
+            game_id=game_id,
+            setup=setup,
+            directory=self.runs_dir / PLAY_DIR / game_id,
+            client_for=self.client_for,
+            seed=secrets.randbelow(2**31) if seed is None else seed,
+        )
+        session.resume()
+        with self._lock:
+            self.sessions[game_id] = session
+        return session
+
+    def get(self, game_id: str) -> PlaySession:
+        with self._lock:
+            session = self.sessions.get(game_id)
+        if session is None:
+            raise UnknownPlayGame(
+                f"no game {game_id[:40]!r} is being played in this server (older games are on the games page)"
+            )
+        return session

@@ -1,0 +1,109 @@
+"""Loopback by default; any other address needs a token, and then every request must carry it."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from diprl.web import start_web
+from diprl.web.__main__ import main
+from diprl.web.auth import COOKIE, TOKEN_ENV, TokenRequired, is_loopback, resolve_token
+from tests.web.conftest import FakePolicyClients, RunTree
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _get(url: str, headers: dict[str, str] | None = None, opener: urllib.request.OpenerDirector | None = None) -> int:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with (opener or urllib.request.build_opener()).open(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_loopback_addresses() -> None:
+    for host in ("127.0.0.1", "127.3.4.5", "::1", "[::1]", "localhost"):
+        assert is_loopback(host), host
+    for host in ("0.0.0.0", "::", "192.168.1.4", "10.0.0.1", "example.org", "localhost.example.org"):
+        assert not is_loopback(host), host
+
+
+def test_an_exposed_address_needs_a_token_from_the_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert resolve_token("127.0.0.1", None) is None
+    with pytest.raises(TokenRequired, match=r"refusing to listen on 0\.0\.0\.0 without a token"):
+        resolve_token("0.0.0.0", None)
+    assert resolve_token("0.0.0.0", TOKEN) == TOKEN
+    with pytest.raises(TokenRequired, match="at least 16 characters"):
+        resolve_token("0.0.0.0", "short")
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    assert resolve_token("0.0.0.0", None) == TOKEN
+    assert resolve_token("127.0.0.1", None) == TOKEN  # given a token, loopback demands it too
+
+
+def test_start_and_the_command_refuse_an_exposed_address_without_a_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(TokenRequired):
+        start_web(tmp_path, host="0.0.0.0", port=0, client_factory=FakePolicyClients())
+    assert main(["--runs", str(tmp_path), "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "refusing to listen on 0.0.0.0 without a token" in capsys.readouterr().err
+
+
+def test_a_token_server_refuses_requests_without_it_and_serves_those_with_it(run_tree: RunTree) -> None:
+    web = start_web(run_tree.runs_dir, port=0, token=TOKEN, client_factory=FakePolicyClients())
+    try:
+        assert web.login_url == f"{web.url}?token={TOKEN}"
+        for path in ("", "league", "games", "play", "api/runs", "static/app.js"):
+            assert _get(web.url + path) == 401, path
+            assert _get(web.url + path, {"X-Diprl-Token": "wrong-token-0123456789"}) == 401, path
+            assert _get(web.url + path, {"Authorization": f"Bearer {TOKEN}"}) == 200, path
+            assert _get(web.url + path, {"X-Diprl-Token": TOKEN}) == 200, path
+        # A first visit with ?token= sets the cookie and sends the browser to the address without it.
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar), _NoRedirect())
+        assert _get(f"{web.url}league?token={TOKEN}", opener=opener) == 303
+        assert [c.name for c in jar] == [COOKIE]
+        assert _get(f"{web.url}league", opener=opener) == 200
+        assert _get(f"{web.url}league?token=wrong-token-0123456789") == 401
+    finally:
+        web.stop()
+
+
+def test_a_taken_port_is_a_clear_error(run_tree: RunTree) -> None:
+    first = start_web(run_tree.runs_dir, port=0, client_factory=FakePolicyClients())
+    try:
+        port = int(first.url.rsplit(":", 1)[1].strip("/"))
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            start_web(run_tree.runs_dir, port=port, client_factory=FakePolicyClients())
+    finally:
+        first.stop()
+
+
+def test_the_command_serves_on_loopback_until_sigterm(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "diprl.web", "--runs", str(tmp_path), "--port", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("diprl web: http://127.0.0.1:"), line
+        url = line.split()[2]
+        assert _get(url) == 200 and _get(url + "play") == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
