@@ -16,11 +16,12 @@ a second signal aborts at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,7 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
             seed=e.seed,
             temperature=e.temperature,
             max_tokens=r.episode.max_tokens,
+            replays=e.replays,
             serve_app=serve_app,
             model=config.model.name,
         ),
@@ -112,6 +114,30 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
     )
     ray.get([learner.pid_of.remote() for learner in learners.values()])  # built (or restored) before the loop
     return Actors(serve_app, league, ledger, queues, learners, workers, evaluator)
+
+
+@contextlib.contextmanager
+def web_app(config: Config, run_dir: Path) -> Iterator[None]:
+    """The web app beside the run (loopback), its address printed; LLM seats of games played there go to
+    the run's own PolicyServer. `train.web_port=null` turns it off."""
+    port = config.train.web_port
+    if port is None:
+        yield
+        return
+    from diprl.rollout.clients import ServeClient
+    from diprl.web.clients import RunServerClients
+    from diprl.web.server import start_web
+
+    clients = RunServerClients(run_dir / "adapters", lambda: ServeClient(app_name=serve_app_name(run_dir)))
+    try:
+        web = start_web(run_dir.parent, port=port, client_factory=clients)
+    except OSError:  # the port is taken (another run's app): any free one
+        web = start_web(run_dir.parent, port=0, client_factory=clients)
+    print(f"web app: {web.url} (runs, league, games, play)", flush=True)
+    try:
+        yield
+    finally:
+        web.stop()
 
 
 def ray_options(config: Config, verbose: bool = False, namespace: str = NAMESPACE) -> dict[str, Any]:
@@ -155,7 +181,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         previous = _stop_on_signals(stop)
         try:
             quiet_libraries(verbose)  # Serve configures its own driver-side logger on import: quiet it again
-            with serving(server_config(config, run_dir, verbose)):
+            with serving(server_config(config, run_dir, verbose)), web_app(config, run_dir):
                 actors = start_actors(config, run_dir)
                 tracker = Tracker(run_dir, json_safe(asdict(config)), use_wandb=config.train.wandb)
                 journal = Journal(run_dir, tracker, RunStats())

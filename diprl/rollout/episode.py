@@ -218,9 +218,11 @@ class Episode:
             return None, [None] * len(first)
         compared = [k for k in deciding if first[k][power].answer.trainable]
         out.untrainable_completions += len(deciding) - len(compared)
+        per_fork: list[float | None] = [None] * len(first)
+        if not compared:  # every forked decision failed: nothing to compare, nothing to train
+            return None, per_fork
         returns = [scores[k].total for k in compared]
         advantages, std = self.credit.group_advantages(returns)
-        per_fork: list[float | None] = [None] * len(first)
         if advantages is None:
             out.skipped_zero_variance += 1
             return None, per_fork

@@ -32,6 +32,7 @@ class EvalScheduleConfig:
     temperature: float = 1.0
     at_start: bool = True
     at_end: bool = True
+    replays: int = 0  # games per opponent written as replays (eval/<tag>/replays/: the web app's games page)
     seed: int = 12345
 
 
@@ -66,7 +67,9 @@ class TrainConfig:
     wandb: bool = True
     ray_num_cpus: int | None = None  # local Ray only; None: max(cores, what the actors ask for)
     dashboard: bool = True
-    web_port: int | None = None  # serve the web app (`python -m diprl.web`) beside the run on this port
+    # The web app (`python -m diprl.web`: runs, league, games, play) beside the run, on loopback at this
+    # port (taken: any free one; 0: any free one; null: no app).
+    web_port: int | None = 8080
     seed: int = 0
     # Testing the fault tolerance: actor names to kill (Ray restarts them) once the main learner has
     # taken `chaos_after_step` steps. E.g. [rollout-0, league, learner-main, policy-server].

@@ -32,6 +32,7 @@ from diprl.atomic_io import write_file_atomic
 from diprl.game import DiplomacyGame, PhaseKind, PhaseRecord, PowerOrders
 from diprl.messages import PolicyRef, UnknownPolicyRef
 from diprl.rollout.clients import PolicyClient
+from diprl.rollout.lockstep import Table, play_phase
 from diprl.web.runs import PLAY_DIR
 
 FIRST_YEAR = 1901
@@ -250,50 +251,23 @@ class PlaySession:
             self._play_phase([])
 
     def _play_phase(self, human_orders: list[str]) -> PhaseRecord:
-        """Everyone's orders for the current phase, then one step; nothing moves if a seat cannot answer."""
-        from diprl.policy.prompt import build_prompt
-
+        """Everyone's orders for the current phase, then one step (`diprl.rollout.lockstep.play_phase`, as in
+        training and evaluation); nothing moves if a seat cannot answer."""
         game = self.game
-        orders: dict[str, list[str]] = {self.human: human_orders}
-        requests: list[dict[str, Any]] = []
-        asked: list[str] = []
-        for power in game.orderable_powers():
-            if power == self.human:
-                continue
-            ref = self.setup.seats[power]
-            if power in self.bots:
-                orders[power] = self.bots[power].orders(game, power)
-                continue
-            requests.append(
-                {
-                    "policy": ref,
-                    "prompt": build_prompt(game, power).text,
-                    "legal": game.legal_orders(power).to_dict(),
-                    "temperature": TEMPERATURE,
-                    "max_tokens": MAX_TOKENS,
-                }
-            )
-            asked.append(power)
-        if requests:
-            try:
-                answers = self.client_for(self.setup.adapters).generate(requests)
-            except Exception as exc:  # a server that is down or refuses: the phase is not played
-                raise SeatFailure(
-                    f"the PolicyServer could not answer the LLM seats ({', '.join(asked)}) in {game.phase}: "
-                    f"{exc!r:.300}"
-                ) from exc
-            if len(answers) != len(requests):
-                raise SeatFailure(
-                    f"the policy client answered {len(answers)} of {len(requests)} requests in {game.phase}"
-                )
-            for power, answer in zip(asked, answers, strict=True):
-                if answer.get("error") or not answer.get("complete", False):
-                    why = answer.get("error") or "an incomplete order set"
-                    self.notes.append(
-                        f"{game.phase} {power} ({self.setup.seats[power]}): {str(why)[:200]}; defaults filled in"
-                    )
-                orders[power] = [str(o) for o in answer.get("orders") or []]
-        return game.step(orders)
+        table = Table(game, self.setup.seats, {**self.bots, self.human: _Chosen(human_orders)}, TEMPERATURE, MAX_TOKENS)
+        asked = [p for p in game.orderable_powers() if p not in table.bots]
+        try:
+            client = self.client_for(self.setup.adapters) if asked else None
+            [outcome] = play_phase([table], client)
+        except Exception as exc:  # a server that is down or refuses: the phase is not played
+            raise SeatFailure(
+                f"the PolicyServer could not answer the LLM seats ({', '.join(asked)}) in {game.phase}: {exc!r:.300}"
+            ) from exc
+        for power, turn in outcome.turns.items():
+            if turn.answer.bad:
+                why = turn.answer.error or "an incomplete order set"
+                self.notes.append(f"{turn.phase} {power} ({self.setup.seats[power]}): {why[:200]}; defaults filled in")
+        return outcome.record
 
     # ---------------------------------------------------------------- saving
     def meta(self) -> dict[str, Any]:
@@ -361,3 +335,15 @@ class PlayRoom:
                 f"no game {game_id[:40]!r} is being played in this server (older games are on the games page)"
             )
         return session
+
+
+class _Chosen:
+    """The person's seat as an agent: the orders they chose (checked against the legal set before)."""
+
+    name = "human"
+
+    def __init__(self, orders: list[str]) -> None:
+        self.chosen = list(orders)
+
+    def orders(self, game: DiplomacyGame, power: str) -> list[str]:
+        return list(self.chosen)

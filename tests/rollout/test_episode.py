@@ -200,3 +200,18 @@ def test_a_share_of_matches_starts_from_stored_mid_game_states(tmp_path: Any) ->
     path = next(tmp_path.glob("*.json"))
     path.write_text("{not json")
     assert load_or_build(StartStateRecipe(games=1, mixes=(("dumbbot",) * 7,)), root=tmp_path).years == store.years
+
+
+class _FailsEveryFork(_FailsOneFork):
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        answers = self.inner.generate(requests)
+        self.calls += 1
+        if self.calls == 1:
+            answers = [Generation.failed(a.policy, "EngineDead: replica restarting") for a in answers]
+        return answers
+
+
+def test_a_decision_that_failed_in_every_fork_yields_no_group_and_no_error() -> None:
+    """Found by the web app's tests: no trainable fork raised out of the episode (an empty comparison)."""
+    out = _run(_episode("fork", group_size=2), _match(5), _FailsEveryFork(_client()))
+    assert out.groups == [] and len(out.results) == 2 and out.untrainable_completions == 2

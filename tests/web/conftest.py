@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from diprl.messages import Generation, GenerationRequest
 from diprl.rollout.clients import PolicyClient, UniformConstrainedClient
 from diprl.web import WebHandle, start_web
 from tests.eval.conftest import CHAR_TABLE
@@ -65,20 +66,22 @@ def _history(run_dir: Path, tracker: Any, steps: int) -> None:
     from diprl.game.scoring import ranks
     from diprl.league.config import LeagueConfig
     from diprl.league.manager import LeagueManager
+    from diprl.messages import MatchResult
 
     league = LeagueManager(LeagueConfig(snapshot_steps=1, seed=3), run_dir)
     rng = random.Random(5)
 
     def publish(version: str, step: int) -> None:
-        tracker.log("league", {"version": version, **league.register_version("main", version, step)})
+        tracker.log("league", {"version": version, **league.register_version("main", version, step).to_dict()})
         for _ in range(4):
             match = league.next_match("main")
             results = []
             for fork in range(2):
                 centres = {p: rng.randint(0, 6) for p in POWERS}
                 results.append(
-                    {"match_id": match.match_id, "fork": fork, "seats": dict(match.seats), "hero": match.hero}
-                    | {"centres": centres, "ranks": ranks(centres), "final_phase": "S1903M", "solo": None, "forks": 2}
+                    MatchResult(
+                        match.match_id, fork, dict(match.seats), match.hero, centres, ranks(centres), "S1903M", None, 2
+                    )
                 )
             league.report(results)
 
@@ -110,17 +113,19 @@ def _history(run_dir: Path, tracker: Any, steps: int) -> None:
 
 def _trace(run_dir: Path) -> str:
     """A trace written the way the rollout code writes it: `Episode` with `trace_fraction=1`."""
+    from diprl.messages import Match
     from diprl.rollout.credit import CreditAssigner
     from diprl.rollout.episode import Episode, EpisodeConfig
     from diprl.rollout.rewards import Rubric, load_reward_config
-    from diprl.rollout.types import Match
+    from diprl.rollout.worker import play_matches
 
     config = EpisodeConfig(group_size=2, warmup_max_phases=0, horizon_years=1, max_year=1902, trace_fraction=1.0)
     # Prompt ids make the hero's completions trainable, as the server's are (any ids do: nothing trains).
     client = UniformConstrainedClient(CHAR_TABLE, seed=2, tokenizer=SimpleNamespace(encode=lambda text: [1, 2, 3]))
-    episode = Episode(config, Rubric(load_reward_config("default")), CreditAssigner(), client, CHAR_TABLE)
-    seats = {p: "bot:random" for p in POWERS} | {"FRANCE": "main@v2"}
-    out = episode.run(Match(match_id="main-7", seats=seats, hero="FRANCE", seed=7))
+    episode = Episode(config, Rubric(load_reward_config("default")), CreditAssigner(), CHAR_TABLE)
+    seats = {p: "bot:random" for p in POWERS} | {"FRANCE": "main@v2", "ITALY": "main@v2"}
+    match = Match(match_id="main-7", seats=seats, hero="FRANCE", seed=7, train=("FRANCE", "ITALY"))
+    [out], _ = play_matches(episode, [match], client)
     assert out.trace is not None
     (run_dir / "traces").mkdir()
     (run_dir / "traces" / "main-7.json").write_text(json.dumps(out.trace, indent=1))
@@ -160,8 +165,8 @@ class RunTree:
 
 
 def build_run(runs_dir: Path, name: str = RUN) -> RunTree:
+    from diprl.run.config import compose_config
     from diprl.tracking import Tracker
-    from diprl.train import compose_config
 
     run_dir = runs_dir / name
     run_dir.mkdir(parents=True)
@@ -189,17 +194,17 @@ class FakePolicyClients:
     """Stands in for the PolicyServer: a uniformly random legal policy that records what it was asked."""
 
     fail: bool = False
-    calls: list[tuple[Path | None, list[dict[str, Any]], list[dict[str, Any]]]] = field(default_factory=list)
+    calls: list[tuple[Path | None, list[GenerationRequest], list[Generation]]] = field(default_factory=list)
 
     def __call__(self, adapters: Path | None) -> PolicyClient:
         parent = self
 
         class Client:
-            def generate(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+            def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
                 if parent.fail:
                     raise ConnectionError("PolicyServer unreachable (test)")
                 answers = UniformConstrainedClient(CHAR_TABLE, seed=len(parent.calls)).generate(requests)
-                parent.calls.append((adapters, [dict(r) for r in requests], answers))
+                parent.calls.append((adapters, list(requests), answers))
                 return answers
 
         return Client()

@@ -66,7 +66,7 @@ def _submit(http: TestClient, game_id: str, phase: str, chosen: dict[str, str]) 
     [
         ({"human": "NARNIA"}, "unknown power 'NARNIA'"),
         ({"seat:ENGLAND": "bot:genius"}, "unknown bot 'bot:genius'"),
-        ({"seat:ENGLAND": "main@v01"}, "invalid PolicyRef"),
+        ({"seat:ENGLAND": "main@v01"}, "unknown PolicyRef"),
         ({"seat:ENGLAND": "main@v99", "run": RUN}, "main@v99 is not a published version of run"),
         ({"seat:ENGLAND": "main@v1"}, "choose the run whose adapters hold it"),
         ({"seat:ENGLAND": ""}, "no PolicyRef for ENGLAND"),
@@ -146,11 +146,11 @@ def test_llm_seats_are_answered_through_the_client_with_the_runs_adapters(
     assert _submit(http, game_id, "S1901M", _moves(session)).status_code == 303  # type: ignore[attr-defined]
     [(adapters, requests, answers)] = clients.calls
     assert adapters == run_tree.run_dir / "adapters"
-    assert sorted((r["policy"], r["legal"]["power"]) for r in requests) == [("base", "GERMANY"), ("main@v2", "ENGLAND")]
-    assert all(r["legal"]["phase"] == "S1901M" and "ENGLAND" in r["prompt"] + "GERMANY" for r in requests)
+    assert sorted((r.policy, r.legal["power"]) for r in requests) == [("base", "GERMANY"), ("main@v2", "ENGLAND")]
+    assert all(r.legal["phase"] == "S1901M" and "ENGLAND" in str(r.prompt) + "GERMANY" for r in requests)
     for request, answer in zip(requests, answers, strict=True):
-        power = request["legal"]["power"]
-        assert session.game.history[0].orders[power] == tuple(sorted(answer["orders"])), power
+        power = request.legal["power"]
+        assert session.game.history[0].orders[power] == tuple(sorted(answer.orders)), power
 
 
 def test_a_server_that_cannot_answer_is_a_clear_error_and_the_phase_is_not_played(
