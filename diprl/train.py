@@ -93,6 +93,7 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
         train_turns=r.train_turns,
         model=config.model.name,
         matches_in_flight=r.matches_in_flight,
+        start_states=r.start_states,
         trace_dir=str((run_dir / "traces").resolve()),
     )
     workers = [worker_actor(worker_config, LEDGER, i, r.worker_cpus, f"rollout-{i}") for i in range(r.num_workers)]

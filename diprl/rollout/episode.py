@@ -1,7 +1,7 @@
 """`Episode`: warmup, fork one exact decision state into GRPO groups, play every fork to the horizon.
 
-1. Start: spring 1901, or (a configurable share of matches) a stored mid-game state
-   (`diprl.rollout.start_states`), so the policy also trains where games are won.
+1. Start: spring 1901, or (a configurable share of matches, `rollout.start_states`) a stored mid-game
+   state (`diprl.rollout.start_states`), so the policy also trains where games are won.
 2. Warmup: a seeded random number of phases, every seat played by its own policy.
 3. Advance to the next phase where the hero has a decision to fork: every movement phase, and a
    share (`adjustment_fork_share`) of its retreat, build and disband phases.
@@ -54,12 +54,9 @@ class EpisodeConfig:
     # (the rest are played on to the next movement decision). Without it those phase kinds never get
     # a gradient: waived builds and careless disbands would never be trained away.
     adjustment_fork_share: float = 0.5
-    # Share of matches that start from a stored mid-game state instead of spring 1901 (the store
-    # covers every year to max_year and every phase kind; see diprl.rollout.start_states).
-    start_state_share: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("adjustment_fork_share", "start_state_share", "trace_fraction"):
+        for name in ("adjustment_fork_share", "trace_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"episode.{name} must be in [0, 1], got {value}")
@@ -98,9 +95,14 @@ class Episode:
         credit: CreditAssigner,
         table: TokenTable,
         start_states: StartStates | None = None,
+        start_share: float = 0.0,
     ) -> None:
-        if config.start_state_share > 0 and start_states is None:
-            raise ValueError("episode.start_state_share > 0 needs a start-state store")
+        """`start_share` of matches (drawn from each match's seed) start from a state of `start_states`."""
+        if not 0.0 <= start_share <= 1.0:
+            raise ValueError(f"rollout.start_states must be a share in [0, 1], got {start_share}")
+        if start_share > 0 and start_states is None:
+            raise ValueError("rollout.start_states > 0 needs a start-state store")
+        self.start_share = start_share
         self.config = config
         self.rubric = rubric
         self.credit = credit
@@ -144,7 +146,7 @@ class Episode:
     # ---------------------------------------------------------------- stages
     def _start(self, rng: random.Random) -> DiplomacyGame:
         cfg = self.config
-        if self.start_states is not None and cfg.start_state_share > 0 and rng.random() < cfg.start_state_share:
+        if self.start_states is not None and self.start_share > 0 and rng.random() < self.start_share:
             return DiplomacyGame.from_state(self.start_states.sample(rng), max_year=cfg.max_year)
         return DiplomacyGame(max_year=cfg.max_year)
 

@@ -5,7 +5,7 @@ late: a policy trained only on openings never learns the endgame. The store hold
 of seeded rule-bot games (DumbBot, Territorial, Defensive and Random mixes: strong and weak play,
 balanced and lopsided boards) at every movement and adjustment phase they reached, bucketed by year
 and phase kind (a retreat cannot be a start: see `StartStates.add`). A match drawn from it
-(`episode.start_state_share`) starts at a year chosen uniformly among the years the store covers,
+(`rollout.start_states`, a share of matches) starts at a year chosen uniformly among the years the store covers,
 then a phase kind uniformly among those seen that year, then a state.
 
 Built once per recipe and cached under the diprl cache (`start_states/<fingerprint>.json`, written

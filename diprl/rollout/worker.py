@@ -54,6 +54,7 @@ class WorkerConfig:
     train_turns: str | None = None  # overrides the reward config's credit.train_turns (fork | all)
     model: str = "tiny"  # the served model's preset: its tokenizer and logits width spell the completions
     matches_in_flight: int = 8  # matches one worker plays in lockstep (one policy call per phase for all)
+    start_states: float = 0.0  # share of matches starting from a stored mid-game state
     trace_dir: str | None = None  # where sampled traces are written (<trace_dir>/<match_id>.json); None: not kept
 
 
@@ -82,12 +83,12 @@ def make_episode(config: WorkerConfig) -> Episode:
     reward = load_reward_config(config.reward)
     if config.train_turns is not None:
         reward = replace(reward, credit=replace(reward.credit, train_turns=config.train_turns))
-    start_states = None
-    if config.episode.start_state_share > 0:
+    store = None
+    if config.start_states > 0:
         from diprl.rollout.start_states import StartStateRecipe, load_or_build
 
-        start_states = load_or_build(StartStateRecipe(max_year=config.episode.max_year))
-    return Episode(config.episode, Rubric(reward), CreditAssigner(reward.credit), table, start_states)
+        store = load_or_build(StartStateRecipe(max_year=config.episode.max_year))
+    return Episode(config.episode, Rubric(reward), CreditAssigner(reward.credit), table, store, config.start_states)
 
 
 def play_matches(

@@ -51,6 +51,9 @@ class RolloutConfig:
     reward: str = "default"  # conf/reward/<name>.yaml
     train_turns: str | None = None  # fork | all; None: the reward config's credit.train_turns
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    # Share of matches that start from a stored mid-game state (seeded bot games to max_year, every year
+    # and phase kind: diprl.rollout.start_states) instead of spring 1901.
+    start_states: float = 0.0
     match_retries: int = 3  # a match whose call failed (replica restart, ...) is replayed this often
 
 
@@ -162,6 +165,8 @@ def check(config: Config) -> None:
         problems.append("train.max_steps and train.max_minutes must be >= 0")
     if r.num_workers < 1:
         problems.append(f"rollout.num_workers must be >= 1, got {r.num_workers}")
+    if not 0.0 <= r.start_states <= 1.0:
+        problems.append(f"rollout.start_states must be a share in [0, 1], got {r.start_states}")
     if r.matches_in_flight < 1:
         problems.append(f"rollout.matches_in_flight must be >= 1, got {r.matches_in_flight}")
     if t.queue_size < config.learner.groups_per_step:

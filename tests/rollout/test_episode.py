@@ -186,8 +186,9 @@ def test_a_share_of_matches_starts_from_stored_mid_game_states(tmp_path: Any) ->
     assert store.years[0] == 1901 and store.years[-1] > 1910
     assert all(kind in ("M", "A") for kinds in store.by_year.values() for kind in kinds)  # no retreat starts
     _, table = _table()
-    config = EpisodeConfig(group_size=2, warmup_max_phases=0, trace_fraction=0.0, start_state_share=1.0)
-    episode = Episode(config, Rubric(load_reward_config("default")), CreditAssigner(CreditConfig()), table, store)
+    config = EpisodeConfig(group_size=2, warmup_max_phases=0, trace_fraction=0.0)
+    rubric, credit = Rubric(load_reward_config("default")), CreditAssigner(CreditConfig())
+    episode = Episode(config, rubric, credit, table, store, start_share=1.0)
     years = {
         int(g.phase[1:5])
         for out in play_matches(episode, [_match(s) for s in range(6)], _client())[0]
@@ -195,7 +196,7 @@ def test_a_share_of_matches_starts_from_stored_mid_game_states(tmp_path: Any) ->
     }
     assert max(years) > 1905, f"starts from later years: {sorted(years)}"
     with pytest.raises(ValueError, match="start-state store"):
-        Episode(config, Rubric(load_reward_config("default")), CreditAssigner(CreditConfig()), table)
+        Episode(config, rubric, credit, table, start_share=0.5)
     # A corrupt cache file is rebuilt, not trusted.
     path = next(tmp_path.glob("*.json"))
     path.write_text("{not json")
