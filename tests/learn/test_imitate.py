@@ -131,7 +131,7 @@ def test_generated_examples_are_what_the_server_and_decoder_see(data: TeacherDat
         assert tokenizer.decode(example.prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n<orders>\n")
         assert completion_orders(example.completion_ids, table) == example.orders
         record = example.to_training_record()
-        assert len(record["advantages"]) == len(record["behaviour_logprobs"]) == len(example.completion_ids)
+        assert len(record.advantages) == len(record.behaviour_logprobs) == len(example.completion_ids)
     first = data.train[0]
     assert first.phase == "S1901M"
     # The prompt ids are the tokenizer's ids of build_prompt's text, as the PolicyServer tokenizes it.
