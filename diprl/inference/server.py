@@ -189,8 +189,12 @@ class PolicyEngine:
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
             seed=config.seed,
+            tensor_parallel_size=config.tensor_parallel_size,
             **config.engine_extra,
         )
+        if config.tensor_parallel_size > 1:
+            # Ray workers in the replica's own placement group (see `replica_options`), one per GPU bundle.
+            engine_args["distributed_executor_backend"] = "ray"
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
 
     # ------------------------------------------------------------ adapters
@@ -583,6 +587,29 @@ def stop_serving(app: str, adapter_root: str | Path | None = None) -> None:
         serve.delete(app)
 
 
+def replica_options(config: ServerConfig) -> dict[str, Any]:
+    """Ray Serve options that place one replica: its CPUs, GPUs and, with tensor parallelism, its bundles.
+
+    With `tensor_parallel_size` 1 the replica actor holds its GPU (or fraction) itself. Above 1 vLLM's Ray
+    executor starts one worker per shard and puts each in a GPU bundle of the placement group the replica
+    runs in, so every replica gets its own group: the first bundle holds the replica actor's CPUs and the
+    first shard's GPU, the others one GPU each, STRICT_PACK so the shards share a node (their all-reduce
+    runs every layer and wants NVLink, not the network). The replica actor then asks for no GPU itself.
+    """
+    env = {**ENGINE_ENV, "VLLM_LOGGING_LEVEL": config.log_level, "VLLM_CONFIGURE_LOGGING": "1"}
+    tp = config.tensor_parallel_size
+    actor: dict[str, Any] = {
+        "num_cpus": config.replica_cpus,
+        "num_gpus": config.replica_gpus if tp == 1 else 0,
+        "runtime_env": {"env_vars": env},
+    }
+    options: dict[str, Any] = {"ray_actor_options": actor}
+    if tp > 1:
+        options["placement_group_bundles"] = [{"CPU": config.replica_cpus, "GPU": 1.0}] + [{"GPU": 1.0}] * (tp - 1)
+        options["placement_group_strategy"] = "STRICT_PACK"
+    return options
+
+
 def serve_policy(config: ServerConfig) -> Any:
     """Start (or update) the PolicyServer on the running Ray cluster and return its deployment handle.
 
@@ -630,18 +657,13 @@ def serve_policy(config: ServerConfig) -> Any:
         if config.autoscaling
         else {"num_replicas": config.num_replicas}
     )
-    env = {**ENGINE_ENV, "VLLM_LOGGING_LEVEL": config.log_level, "VLLM_CONFIGURE_LOGGING": "1"}
     deployment = PolicyServer.options(  # type: ignore[attr-defined]
         name=config.name,
         max_ongoing_requests=config.max_ongoing_requests,
         health_check_period_s=5.0,
         health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S + 10.0,
         logging_config=logging_config,
-        ray_actor_options={
-            "num_cpus": config.replica_cpus,
-            "num_gpus": config.replica_gpus,
-            "runtime_env": {"env_vars": env},
-        },
+        **replica_options(config),
         **scaling,
     )
     return serve.run(
