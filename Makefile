@@ -29,15 +29,17 @@ ARENA_ARGS ?= --hero dumbbot --opponents random --games 70 --max-year 1935
 install: system-packages $(STAMP)
 
 # Debian packages some tests need: strace, iproute2 and util-linux for the loopback-only network audit
-# (diprl.netaudit). Installed when missing and this is root with apt-get; otherwise named.
-SYSTEM_TOOLS := strace ip unshare
-SYSTEM_PACKAGES := strace iproute2 util-linux
+# (diprl.netaudit); openssh-server and rsync for `ray up` over real SSH (tests/test_ray_up.py); prometheus
+# for the cluster's metrics (tests/test_prometheus.py). Installed when missing and this is root with
+# apt-get; otherwise named.
+SYSTEM_TOOLS := strace ip unshare sshd ssh-keygen rsync prometheus
+SYSTEM_PACKAGES := strace iproute2 util-linux openssh-server openssh-client rsync prometheus
 system-packages:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES); \
-	  else echo "note: the network audit test needs$$missing: install the Debian packages $(SYSTEM_PACKAGES) as root" >&2; fi; \
+	  else echo "note: the network audit, ray up and Prometheus tests need$$missing: install the Debian packages $(SYSTEM_PACKAGES) as root" >&2; fi; \
 	fi
 
 # The CPU stack in one venv. torch is pinned to the +cpu build (a free resolver pulls GBs of CUDA

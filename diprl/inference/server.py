@@ -44,7 +44,7 @@ from diprl.inference.adapters import (
     parse_policy_ref,
 )
 from diprl.inference.adapters.private import PrivateCopies
-from diprl.inference.config import ServerConfig
+from diprl.inference.config import ServerConfig, is_loopback
 from diprl.inference.engine import ENGINE_ENV, engine_env, sampled_logprobs
 from diprl.inference.http_route import OPENAPI_BODY, CompletionsRoute
 from diprl.inference.logits_processor import OrderConstraintLogitsProcessor, constraint_args
@@ -651,7 +651,14 @@ def serve_policy(config: ServerConfig) -> Any:
                 "pick one",
             )
     logging_config = {"log_level": config.log_level, "enable_access_log": config.log_level in ("DEBUG", "INFO")}
-    serve.start(http_options={"host": config.host, "port": config.port}, logging_config=logging_config)
+    # A loopback route is reached only on its own node, and one proxy per node of a multi-node cluster on one
+    # host (tests, `ray.cluster_utils`) would collide on the port: one proxy, on the head, where the driver is.
+    proxies = "HeadOnly" if is_loopback(config.host) else "EveryNode"
+    serve.start(
+        proxy_location=proxies,
+        http_options={"host": config.host, "port": config.port},
+        logging_config=logging_config,
+    )
     scaling: dict[str, Any] = (
         {"autoscaling_config": config.autoscaling, "num_replicas": "auto"}
         if config.autoscaling
