@@ -164,24 +164,27 @@ def cluster_copy(shipped: Path, work: Path, repo: Path) -> Path:
     config.pop("docker", None)
     config["initialization_commands"] = []
     config["setup_commands"] = ["python -c 'import ray, diprl'"]
-    config["file_mounts"] = {str(work / "home" / "diprl"): str(repo / "cluster")}
-    config["head_start_ray_commands"] = [
-        "ray stop",
-        f"RAY_enable_autoscaler_v2=0 {SLOW_MACHINE} ray start --head --node-ip-address={HEAD} --port={GCS_PORT} "
-        f"--dashboard-host={HEAD} --dashboard-port={DASHBOARD_PORT} {HEAD_PORTS} --temp-dir={node_tmp(work, HEAD)} "
-        "--num-cpus=4 --disable-usage-stats --autoscaling-config=~/ray_bootstrap_config.yaml",
-    ]
-    # The shipped command that starts Prometheus on the head, with this test's files and address.
-    prometheus = next((c for c in shipped_head if "prometheus" in c), "")
-    for shipped_text, ours in (
-        ("/opt/diprl/cluster/prometheus.yml", str(work / "prometheus.yml")),
-        ("/tmp/prometheus.log", str(work / "prometheus.log")),
-        ("/tmp/prometheus", str(work / "prometheus-data")),
-        ("127.0.0.1:9090", f"{HEAD}:{PROMETHEUS_PORT}"),
-    ):
-        assert shipped_text in prometheus, f"the shipped head start commands no longer run {shipped_text}"
-        prometheus = prometheus.replace(shipped_text, ours)
-    config["head_start_ray_commands"].append(prometheus)
+    config["file_mounts"] = {str(work / "home" / "diprl"): str(repo / "cluster")}  # as /opt/diprl -> . is
+    # The shipped head start commands, with this test's addresses, ports, files and a temp dir per node.
+    synced = work / "home" / "diprl"  # this node's copy of cluster/ (the file mount above)
+    substitutions = {
+        "ray start --head --port=6379 --dashboard-host=127.0.0.1": (
+            f"RAY_enable_autoscaler_v2=0 {SLOW_MACHINE} ray start --head --node-ip-address={HEAD} --port={GCS_PORT} "
+            f"--dashboard-host={HEAD} --dashboard-port={DASHBOARD_PORT} {HEAD_PORTS} "
+            f"--temp-dir={node_tmp(work, HEAD)} --num-cpus=4"
+        ),
+        "/opt/diprl/cluster/prometheus.yml": str(work / "prometheus.yml"),  # pointed at this head's temp dir
+        "/opt/diprl/cluster/": f"{synced}/",
+        "/tmp/grafana-dashboards": str(work / "grafana-dashboards"),
+        "/tmp/prometheus.log": str(work / "prometheus.log"),
+        "/tmp/prometheus": str(work / "prometheus-data"),
+        "127.0.0.1:9090": f"{HEAD}:{PROMETHEUS_PORT}",
+    }
+    head = "\n".join(shipped_head)
+    for shipped_text, ours in substitutions.items():
+        assert shipped_text in head, f"the shipped head start commands no longer say {shipped_text!r}"
+        head = head.replace(shipped_text, ours)
+    config["head_start_ray_commands"] = head.split("\n")
     prometheus_config = yaml.safe_load((repo / "cluster" / "prometheus.yml").read_text())
     prometheus_config["global"]["scrape_interval"] = "2s"
     prometheus_config["scrape_configs"][0]["file_sd_configs"][0]["files"] = [
@@ -283,6 +286,10 @@ def main(work: Path, shipped: Path) -> int:
         result["nodes_s"] = round(time.monotonic() - started, 1)
         if result["nodes"] != [HEAD, WORKER]:
             return 1
+        grafana = node_tmp(work, HEAD) / "session_latest" / "metrics" / "grafana"
+        provisioning = grafana / "provisioning" / "dashboards" / "default.yml"
+        result["grafana_provisioning"] = provisioning.read_text() if provisioning.is_file() else ""
+        result["grafana_dashboards"] = sorted(p.name for p in (work / "grafana-dashboards").glob("*.json"))
         job_env = {key: os.environ[key] for key in JOB_ENV_KEYS if key in os.environ}
         job_env["TMPDIR"] = str(work / "job-tmp")
         runtime_env = {

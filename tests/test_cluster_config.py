@@ -62,6 +62,9 @@ def test_the_head_runs_prometheus_on_rays_service_discovery_file() -> None:
     [start] = [c for c in config["head_start_ray_commands"] if "prometheus " in c]
     assert "--config.file=/opt/diprl/cluster/prometheus.yml" in start and "127.0.0.1:9090" in start
     assert any("RAY_PROMETHEUS_HOST=http://127.0.0.1:9090" in c for c in config["head_start_ray_commands"])
+    [grafana] = [c for c in config["head_start_ray_commands"] if "RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR" in c]
+    assert "cp /opt/diprl/cluster/grafana/diprl.json /tmp/grafana-dashboards/" in grafana
+    assert "RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR=/tmp/grafana-dashboards" in grafana
     prometheus = yaml.safe_load((ROOT / "cluster" / "prometheus.yml").read_text())
     [job] = prometheus["scrape_configs"]
     assert job["file_sd_configs"][0]["files"] == ["/tmp/ray/prom_metrics_service_discovery.json"]

@@ -70,6 +70,9 @@ def test_ray_up_runs_the_smoke_experiment_as_a_job_on_a_head_and_a_worker() -> N
         assert flow.returncode == 0, context
         assert result["up"] == 0, context
         assert result["nodes"] == ["127.0.0.2", "127.0.0.3"], context
+        # Ray provisions Grafana with the folder the shipped start command filled with diprl's dashboard.
+        assert f"path: {work / 'grafana-dashboards'}" in result["grafana_provisioning"], context
+        assert {"diprl.json", "default_grafana_dashboard.json"} <= set(result["grafana_dashboards"]), context
         assert result["job"] == 0 and "Job 'diprl-smoke' succeeded" in result["job_status"], context
         summary = _summary(logs["job.log"])
         run_dir = Path(summary["run_dir"])
