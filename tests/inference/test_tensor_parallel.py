@@ -126,10 +126,11 @@ def test_each_replica_gets_its_own_gpus_in_its_own_placement_group(ray_with_four
     class Replica:
         def __init__(self) -> None:
             group = ray.util.get_current_placement_group()
+            assert group is not None, "a replica with placement_group_bundles runs in its placement group"
             self.bundles = group.bundle_specs
             indices = [i for i, bundle in enumerate(self.bundles) if bundle.get("GPU")]
             self.shards = [
-                Shard.options(
+                Shard.options(  # type: ignore[attr-defined]
                     num_cpus=0,
                     num_gpus=1,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(group, bundle_index, True),
@@ -145,7 +146,7 @@ def test_each_replica_gets_its_own_gpus_in_its_own_placement_group(ray_with_four
             }
 
     config = ServerConfig(replica_cpus=0.5, replica_gpus=1.0, tensor_parallel_size=2)
-    app = Replica.options(num_replicas=2, **replica_options(config)).bind()
+    app = Replica.options(num_replicas=2, **replica_options(config)).bind()  # type: ignore[attr-defined]
     handle = serve.run(app, name="tp-probe", route_prefix="/tp-probe")
     reports: dict[str, dict[str, Any]] = {}
     for _ in range(40):  # requests reach both replicas sooner or later
