@@ -29,10 +29,11 @@ ARENA_ARGS ?= --hero dumbbot --opponents random --games 70 --max-year 1935
 install: system-packages $(STAMP)
 
 # Debian packages some tests need: strace, iproute2 and util-linux for the loopback-only network audit
-# (diprl.netaudit); chromium and chromium-driver for the web app's browser tests (tests/web). Installed
-# when missing and this is root with apt-get; otherwise named.
-SYSTEM_TOOLS := strace ip unshare chromium chromedriver
-SYSTEM_PACKAGES := strace iproute2 util-linux chromium chromium-driver
+# (diprl.netaudit); chromium and chromium-driver for the web app's browser tests (tests/web); openssh-server
+# and rsync for `ray up` over real SSH (tests/test_ray_up.py); prometheus for the cluster's metrics
+# (tests/test_prometheus.py). Installed when missing and this is root with apt-get; otherwise named.
+SYSTEM_TOOLS := strace ip unshare chromium chromedriver sshd ssh-keygen rsync prometheus
+SYSTEM_PACKAGES := strace iproute2 util-linux chromium chromium-driver openssh-server openssh-client rsync prometheus
 system-packages:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then \

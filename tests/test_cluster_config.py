@@ -1,8 +1,12 @@
-"""The cluster file must pass Ray's own schema, or `ray up` fails on the first try on a cluster."""
+"""The cluster files must pass Ray's own schema, or `ray up` fails on the first try on a cluster; and they must
+say what running on GPU machines needs (tests/test_ray_up.py runs the self-hosted one's command path)."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
@@ -10,9 +14,76 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a100_cluster_config_matches_ray_schema() -> None:
-    config = yaml.safe_load((ROOT / "cluster" / "a100.yaml").read_text())
+def load(name: str) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load((ROOT / "cluster" / name).read_text())
     validate_config(prepare_config(config))  # prepare_config fills defaults as `ray up` does
+    return config
+
+
+def test_the_self_hosted_cluster_uses_rays_local_provider_over_ssh() -> None:
+    config = load("a100.yaml")
+    assert config["provider"]["type"] == "local"
+    assert config["provider"]["head_ip"] and config["provider"]["worker_ips"]
+    assert config["auth"]["ssh_user"] and config["auth"]["ssh_private_key"]
+    assert config["file_mounts"] == {"/opt/diprl": "."}  # where the image installed diprl, editable
+
+
+def test_every_node_runs_the_image_built_from_docker_with_its_gpus() -> None:
+    config = load("a100.yaml")
+    docker = config["docker"]
+    # Ray adds only --runtime=nvidia, and only when `docker info` lists that runtime (Ray issue 43231).
+    assert "--gpus all" in docker["run_options"]
+    [build] = config["initialization_commands"]
+    assert f"-t {docker['image']} " in build and "docker/Dockerfile" in build
+    mount = f"/tmp/ray_tmp_mount/{config['cluster_name']}/opt/diprl"  # where Ray syncs file_mounts on the host
+    assert build.endswith(mount) and f"-f {mount}/docker/Dockerfile" in build
+    assert any("nvidia-smi" in c for c in config["setup_commands"])
+
+
+def test_nccl_and_gloo_are_told_the_interface_in_one_place() -> None:
+    options = " ".join(load("a100.yaml")["docker"]["run_options"])
+    assert re.search(r"--env NCCL_SOCKET_IFNAME=\S+", options) and re.search(r"--env GLOO_SOCKET_IFNAME=\S+", options)
+
+
+def test_no_usage_reports_and_the_dashboard_on_loopback() -> None:
+    for name in ("a100.yaml", "aws-a100.yaml"):
+        config = load(name)
+        starts = [
+            c for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"] if "ray start" in c
+        ]
+        assert len(starts) == 2 and all("--disable-usage-stats" in c for c in starts), name
+        assert any("--dashboard-host=127.0.0.1" in c for c in starts), name
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert all(v in dockerfile for v in ("VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "RAY_USAGE_STATS_ENABLED=0"))
+
+
+def test_the_head_runs_prometheus_on_rays_service_discovery_file() -> None:
+    config = load("a100.yaml")
+    [start] = [c for c in config["head_start_ray_commands"] if "prometheus " in c]
+    assert "--config.file=/opt/diprl/cluster/prometheus.yml" in start and "127.0.0.1:9090" in start
+    assert any("RAY_PROMETHEUS_HOST=http://127.0.0.1:9090" in c for c in config["head_start_ray_commands"])
+    [grafana] = [c for c in config["head_start_ray_commands"] if "RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR" in c]
+    assert "cp /opt/diprl/cluster/grafana/diprl.json /tmp/grafana-dashboards/" in grafana
+    assert "RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR=/tmp/grafana-dashboards" in grafana
+    prometheus = yaml.safe_load((ROOT / "cluster" / "prometheus.yml").read_text())
+    [job] = prometheus["scrape_configs"]
+    assert job["file_sd_configs"][0]["files"] == ["/tmp/ray/prom_metrics_service_discovery.json"]
+    assert re.search(r"apt-get install .*\bprometheus\b", (ROOT / "docker" / "Dockerfile").read_text())
+
+
+def test_the_grafana_dashboard_charts_every_gauge_diprl_exports() -> None:
+    from diprl.tracking import RAY_GAUGES
+
+    dashboard = json.loads((ROOT / "cluster" / "grafana" / "diprl.json").read_text())
+    charted = {
+        m for panel in dashboard["panels"] for t in panel["targets"] for m in re.findall(r"ray_diprl_\w+", t["expr"])
+    }
+    assert charted == {f"ray_{name}" for name, _ in RAY_GAUGES.values()}  # Ray prefixes custom metrics with ray_
+    assert dashboard["uid"] == "diprl"
+
+
+def test_the_cloud_variant_has_gpu_nodes_and_installs_the_gpu_requirements() -> None:
+    config = load("aws-a100.yaml")
     gpu_types = [t for t in config["available_node_types"].values() if t["resources"].get("GPU", 0) > 0]
     assert gpu_types, "no GPU node type: inference and the learner could not be scheduled"
     assert any("requirements/gpu.txt" in cmd for cmd in config["setup_commands"])

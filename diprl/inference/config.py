@@ -34,6 +34,8 @@ ENGINE_MANAGED = frozenset(
         "logprobs_mode",
         "generation_config",
         "seed",
+        "tensor_parallel_size",
+        "distributed_executor_backend",
     }
 )
 """Engine arguments the server sets itself: `engine_extra` may not override them (turning LoRA or the
@@ -83,7 +85,10 @@ class ServerConfig:
     num_replicas: int = 1
     autoscaling: dict[str, Any] | None = None  # e.g. {min_replicas: 1, max_replicas: 4, target_ongoing_requests: 32}
     replica_cpus: float = 1.0
-    replica_gpus: float = 0.0
+    replica_gpus: float = 0.0  # GPUs of a replica with tensor_parallel_size 1 (a fraction shares one GPU)
+    # GPUs one replica's engine shards the model over (vLLM tensor parallelism). Above 1 every replica gets
+    # its own placement group of that many one-GPU bundles on one node, and replica_gpus must be 1.
+    tensor_parallel_size: int = 1
     max_ongoing_requests: int = 64
     host: str = "127.0.0.1"  # never a public interface unless allow_public_host says so
     allow_public_host: bool = False  # the HTTP route has no authentication: opt in, and it warns
@@ -135,6 +140,7 @@ class ServerConfig:
         positive_int("max_ongoing_requests", 1, 1 << 20)
         positive_int("port", 0, 65535)
         positive_int("max_batch", 1, 1 << 20)
+        positive_int("tensor_parallel_size", 1, 64)
         positive_int("http_max_ongoing", 0, 1 << 20)
         positive_int("max_body_bytes", 1024, 1 << 30)
         if not problems:
@@ -147,6 +153,11 @@ class ServerConfig:
                 self.loaded_adapters <= self.max_cpu_loras,
                 f"loaded_adapters ({self.loaded_adapters}) must be <= max_cpu_loras ({self.max_cpu_loras}): "
                 "the server would keep more versions loaded than the engine holds",
+            )
+            need(
+                self.tensor_parallel_size == 1 or self.replica_gpus == 1,
+                f"tensor_parallel_size {self.tensor_parallel_size} needs replica_gpus: 1 (one whole GPU per shard), "
+                f"got {self.replica_gpus!r}",
             )
             need(
                 self.http_max_ongoing < self.max_ongoing_requests,

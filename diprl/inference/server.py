@@ -45,7 +45,7 @@ from diprl.inference.adapters import (
     parse_policy_ref,
 )
 from diprl.inference.adapters.private import PrivateCopies
-from diprl.inference.config import ServerConfig
+from diprl.inference.config import ServerConfig, is_loopback
 from diprl.inference.engine import ENGINE_ENV, engine_env, sampled_logprobs
 from diprl.inference.http_route import OPENAPI_BODY, CompletionsRoute
 from diprl.inference.logits_processor import OrderConstraintLogitsProcessor, constraint_args
@@ -224,8 +224,12 @@ class PolicyEngine:
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
             seed=config.seed,
+            tensor_parallel_size=config.tensor_parallel_size,
             **config.engine_extra,
         )
+        if config.tensor_parallel_size > 1:
+            # Ray workers in the replica's own placement group (see `replica_options`), one per GPU bundle.
+            engine_args["distributed_executor_backend"] = "ray"
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
 
     # ------------------------------------------------------------ adapters
@@ -636,6 +640,29 @@ def serving(config: ServerConfig) -> Iterator[Any]:
         stop_serving(config.name, adapter_root=config.adapter_root)
 
 
+def replica_options(config: ServerConfig) -> dict[str, Any]:
+    """Ray Serve options that place one replica: its CPUs, GPUs and, with tensor parallelism, its bundles.
+
+    With `tensor_parallel_size` 1 the replica actor holds its GPU (or fraction) itself. Above 1 vLLM's Ray
+    executor starts one worker per shard and puts each in a GPU bundle of the placement group the replica
+    runs in, so every replica gets its own group: the first bundle holds the replica actor's CPUs and the
+    first shard's GPU, the others one GPU each, STRICT_PACK so the shards share a node (their all-reduce
+    runs every layer and wants NVLink, not the network). The replica actor then asks for no GPU itself.
+    """
+    env = {**ENGINE_ENV, "VLLM_LOGGING_LEVEL": config.log_level, "VLLM_CONFIGURE_LOGGING": "1"}
+    tp = config.tensor_parallel_size
+    actor: dict[str, Any] = {
+        "num_cpus": config.replica_cpus,
+        "num_gpus": config.replica_gpus if tp == 1 else 0,
+        "runtime_env": {"env_vars": env},
+    }
+    options: dict[str, Any] = {"ray_actor_options": actor}
+    if tp > 1:
+        options["placement_group_bundles"] = [{"CPU": config.replica_cpus, "GPU": 1.0}] + [{"GPU": 1.0}] * (tp - 1)
+        options["placement_group_strategy"] = "STRICT_PACK"
+    return options
+
+
 def serve_policy(config: ServerConfig) -> Any:
     """Start (or update) the PolicyServer on the running Ray cluster and return its deployment handle.
 
@@ -677,24 +704,26 @@ def serve_policy(config: ServerConfig) -> Any:
                 "pick one",
             )
     logging_config = {"log_level": config.log_level, "enable_access_log": config.log_level in ("DEBUG", "INFO")}
-    serve.start(http_options={"host": config.host, "port": config.port}, logging_config=logging_config)
+    # A loopback route is reached only on its own node, and one proxy per node of a multi-node cluster on one
+    # host (tests, `ray.cluster_utils`) would collide on the port: one proxy, on the head, where the driver is.
+    proxies = "HeadOnly" if is_loopback(config.host) else "EveryNode"
+    serve.start(
+        proxy_location=proxies,
+        http_options={"host": config.host, "port": config.port},
+        logging_config=logging_config,
+    )
     scaling: dict[str, Any] = (
         {"autoscaling_config": config.autoscaling, "num_replicas": "auto"}
         if config.autoscaling
         else {"num_replicas": config.num_replicas}
     )
-    env = {**ENGINE_ENV, "VLLM_LOGGING_LEVEL": config.log_level, "VLLM_CONFIGURE_LOGGING": "1"}
     deployment = PolicyServer.options(  # type: ignore[attr-defined]
         name=config.name,
         max_ongoing_requests=config.max_ongoing_requests,
         health_check_period_s=5.0,
         health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S + 10.0,
         logging_config=logging_config,
-        ray_actor_options={
-            "num_cpus": config.replica_cpus,
-            "num_gpus": config.replica_gpus,
-            "runtime_env": {"env_vars": env},
-        },
+        **replica_options(config),
         **scaling,
     )
     return serve.run(

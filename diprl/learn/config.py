@@ -50,6 +50,8 @@ class LearnerConfig:
     # 0.13-0.26 GB and one is published every step). 0 keeps every version.
     keep_versions: int = 8
     zero_stage: int = 2
+    # Data-parallel learner ranks of this policy, one GPU each; a step's batch is split across them by tokens.
+    ranks: int = 1
     bf16: bool = False  # GPU path; the tiny CPU model is float32 so its logprobs match vLLM's to ~1e-6
     gradient_checkpointing: bool = False
     use_gpu: bool = False  # the Ray actor asks for one GPU and DeepSpeed uses CUDA + NCCL
@@ -87,6 +89,7 @@ class LearnerConfig:
         need(
             self.zero_stage in (0, 1, 2), f"zero_stage must be 0, 1 or 2 (LoRA needs no ZeRO-3), got {self.zero_stage}"
         )
+        need(self.ranks >= 1, f"ranks must be >= 1, got {self.ranks}")
         need(self.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens must be >= 1, got {self.logprob_chunk_tokens}")
         if problems:
             raise ValueError("invalid learner config: " + "; ".join(problems))
