@@ -2,11 +2,16 @@
 
     python -m diprl.arena --hero dumbbot --opponents random --games 70 --max-year 1935 [--json report.json]
 
-A thin command over `diprl.eval.arena` (where the games, seeding and report live). Bad arguments
-(an unknown bot, a year before the game starts, a report path that cannot be written) are usage
-errors before any game is played. A progress bar goes to stderr when it is a terminal (`--quiet`:
-none). The last line, `hero_solo_rate=<x> hero_mean_sc=<y>`, is meant for scripts and CI. For LLM
-policies and the full benchmark report use `python -m diprl.evaluate`.
+A thin command over the fixed suite (`diprl.eval.suite`): `--hero dumbbot --opponents random` is the
+suite `bot:dumbbot` against `bot:random`, so the games, seeds, report and JSON are exactly those of
+`python -m diprl.evaluate policy=bot:dumbbot opponents=bot:random` (a bots-only run: game after game,
+in `--workers` processes). Bad arguments (an unknown bot, a year before the game starts, a report path
+that cannot be written) are usage errors before any game is played. A progress bar goes to stderr when
+it is a terminal (`--quiet`: none). The last line, `hero_solo_rate=<x> hero_mean_sc=<y>`, is meant for
+scripts and CI. For LLM policies, crossplay and plots use `python -m diprl.evaluate`.
+
+Critical supports (a re-adjudication of every successful hero support) are left out: they double the
+cost of a bot game, and the arena is the quick check; the evaluate command measures them.
 """
 
 from __future__ import annotations
@@ -14,22 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries
-from diprl.eval.arena import (
-    AgentFactory,
-    ArenaConfig,
-    check_max_year,
-    check_writable,
-    format_report,
-    run_arena,
-    summarize,
-    summary_line,
-    write_json,
-)
+from diprl.console import add_console_flags, quiet_libraries
+from diprl.eval.config import GamesConfig, check_max_year
+from diprl.eval.report import check_writable, format_suite, summary_line
+from diprl.eval.suite import bot_suite, run_suite
 from diprl.game import DEFAULT_MAX_YEAR
 
 
@@ -49,10 +45,10 @@ def _year(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m diprl.arena", description="One hero agent vs 6 opponents, the hero's power rotated."
+        prog="python -m diprl.arena", description="One hero bot vs 6 opponent bots, the hero's power rotated."
     )
-    parser.add_argument("--hero", required=True, help="agent name for the hero seat (see diprl.bots.BOT_NAMES)")
-    parser.add_argument("--opponents", required=True, help="agent name for the six other seats")
+    parser.add_argument("--hero", required=True, help="bot name for the hero seat (see diprl.bots.BOT_NAMES)")
+    parser.add_argument("--opponents", required=True, help="bot name for the six other seats")
     parser.add_argument("--games", type=_positive, default=70, help="number of games (default 70: 10 per power)")
     parser.add_argument("--max-year", type=_year, default=DEFAULT_MAX_YEAR, help="stop after this year's winter")
     parser.add_argument("--seed", type=int, default=0, help="base seed; game i uses seed*100003+i")
@@ -63,48 +59,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, agent_factory: AgentFactory | None = None) -> int:
-    """CLI entry point. `agent_factory` replaces the bot registry (tests, policies not in it)."""
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if agent_factory is None:
-        from diprl.bots import make_agent
-
-        agent_factory = make_agent
-    factory = agent_factory
-    for name in (args.hero, args.opponents):
-        try:
-            factory(name, 0)
-        except (KeyError, ValueError) as exc:
-            parser.error(f"unknown agent {name!r}: {exc}")
+    try:
+        play = GamesConfig(games=args.games, max_year=args.max_year, seed=args.seed, critical_supports=False)
+        config = bot_suite(args.hero, args.opponents, play, args.workers)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.json is not None:
         try:
             check_writable(args.json)
         except OSError as exc:
             parser.error(f"--json: {exc}")
     quiet_libraries(args.verbose)
-    config = ArenaConfig(args.hero, args.opponents, args.games, args.max_year, args.seed, args.workers)
-
-    start = time.perf_counter()
-    with progress_bar(config.games, f"{config.hero} vs {config.opponents}", bar_enabled(args.quiet), "game") as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.update(done - bar.n)
-
-        games = run_arena(config, factory, progress=progress)
-    summary = summarize(config, games, time.perf_counter() - start)
+    report = run_suite(config, progress=not args.quiet)
     if args.json is not None:
+        from diprl.atomic_io import write_json_atomic
+
         try:
-            write_json(args.json, summary, games)
+            write_json_atomic(args.json, report, indent=1)
         except OSError as exc:
             print(f"python -m diprl.arena: error: could not write {args.json}: {exc}", file=sys.stderr)
-            print(summary_line(summary))
+            print(summary_line(report))
             return 1
     if not args.quiet:
-        print("\n".join(format_report(summary)))
+        print("\n".join(format_suite(report)))
         if args.json is not None:
             print(f"report written to {args.json}")
-    print(summary_line(summary))
+    print(summary_line(report))
     return 0
 
 

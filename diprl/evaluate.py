@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from diprl.console import quiet_libraries, ray_init_options
-from diprl.eval.arena import check_writable
 from diprl.eval.config import EvaluateConfig, load_evaluate_config, option_help
 from diprl.eval.refs import BASE, check_published, is_llm
+from diprl.eval.report import check_writable
 from diprl.eval.suite import SuiteConfig
 from diprl.rollout.clients import PolicyClient
 
@@ -67,22 +67,16 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
     suite = SuiteConfig(
         policy=config.policy,
         opponents=config.opponents,
-        games=config.games,
-        max_year=config.max_year,
-        seed=config.seed,
-        temperature=config.temperature,
-        max_tokens=config.max_tokens,
-        replays=config.replays,
-        replay_dir=str(out / "replays") if config.replays else None,
-        critical_supports=config.critical_supports,
+        play=config,
         workers=config.workers,
-        sampling_seed=config.sampling_seed,
+        replay_dir=str(out / "replays") if config.replays else None,
     )
     plan = Plan(config, suite)
     if config.crossplay:
         from diprl.eval.crossplay import crossplay_configs
 
-        template = replace(suite, games=config.crossplay_games or config.games)
+        games = config.crossplay_games or config.games
+        template = replace(suite, play=replace(suite.play, games=games, replays=0), replay_dir=None)
         plan.crossplay = crossplay_configs(config.crossplay, template)
     if plan.llm_refs and not have_client:
         from diprl.inference.config import load_server_config

@@ -3,7 +3,8 @@
 Every actor boundary speaks these types on both sides: rollout workers send `GenerationRequest`s to
 the PolicyServer and get `Generation`s back, the league hands out `Match`es and takes `MatchResult`s,
 rollout workers deliver `TrajectoryGroup`s (of `TrainingRecord`s) through the ledger into a learner's
-queue, and a worker reports each match it played as a `MatchReport`. Plain dataclasses of plain values:
+queue, a worker reports each match it played as a `MatchReport`, a learner each step as a `StepReport`,
+and the evaluator each evaluation as an `EvaluationResult`. Plain dataclasses of plain values:
 they pickle cheaply through Ray's object store and become JSON with `dataclasses.asdict` (the HTTP
 route, quarantine files, traces).
 
@@ -369,3 +370,26 @@ class StepReport:
             "checkpoint": self.checkpoint,
             **self.metrics,
         }
+
+
+# ---------------------------------------------------------------------------------------- evaluator
+@dataclass(frozen=True)
+class OpponentResult:
+    """The hero's figures against one opponent of an evaluation: what the training driver logs."""
+
+    opponent: str  # the PolicyRef in the six other seats
+    games: int
+    mean_centres: float  # the hero's mean supply centres at the end
+    centres_ci95: tuple[float, float]  # its 95% interval (seeded percentile bootstrap)
+    solo_rate: float
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """What the evaluator actor returns for one evaluation; the full report (every suite's categories,
+    behaviour, per-game records) stays on disk as JSON at `report`."""
+
+    tag: str
+    policy: str
+    report: str  # path of the evaluation's report.json
+    opponents: tuple[OpponentResult, ...]

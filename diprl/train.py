@@ -99,17 +99,7 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
     workers = [worker_actor(worker_config, LEDGER, i, r.worker_cpus, f"rollout-{i}") for i in range(r.num_workers)]
     e = config.evaluation
     evaluator = start_evaluator(
-        EvaluatorConfig(
-            pool=list(e.opponents),
-            games=e.games,
-            max_year=e.max_year,
-            seed=e.seed,
-            temperature=e.temperature,
-            max_tokens=r.episode.max_tokens,
-            replays=e.replays,
-            serve_app=serve_app,
-            model=config.model.name,
-        ),
+        EvaluatorConfig(pool=list(e.opponents), play=e, serve_app=serve_app, model=config.model.name),
         str(run_dir),
         num_cpus=0.1,
     )

@@ -1,8 +1,7 @@
 """The arena end to end (in-process CLI, 1 and 2 workers) and its outcome categories by hand.
 
-The games are Random vs Random. Once `diprl.bots.make_agent` exists the real registry plays them;
-until then a stand-in Random bot defined here does, passed in as `agent_factory`, so the arena's
-own logic is tested either way.
+The arena is a thin command over the suite (`diprl.eval.suite`); these tests read what it prints
+and the suite report it writes with `--json`.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import random
 import re
 from collections import Counter
 from pathlib import Path
@@ -19,53 +17,18 @@ from typing import Any
 import pytest
 
 from diprl.arena import main
-from diprl.bots.base import Agent, seat_seed
-from diprl.eval.arena import AgentFactory, standard_powers
-from diprl.eval.arena_games import Category, GameRecord, categorize, play_game
-from diprl.game import DiplomacyGame, PhaseKind
+from diprl.bots.base import seat_seed
+from diprl.eval.records import Category, categorize
+from diprl.game.scoring import GameScore
+from diprl.game.seating import standard_powers
 
 LAST_LINE = re.compile(r"^hero_solo_rate=\d\.\d{3} hero_mean_sc=\d+\.\d{2}$")
-
-
-class StandInRandom:
-    """Random legal orders: one per unit, or `n_required` distinct build sites / disbanded units."""
-
-    name = "random"
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-
-    def orders(self, game: DiplomacyGame, power: str) -> list[str]:
-        legal = game.legal_orders(power)
-        if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
-            return [self.rng.choice(legal.by_loc[loc]) for loc in legal.locs]
-        if legal.kind in (PhaseKind.BUILD, PhaseKind.DISBAND):
-            return [self.rng.choice(legal.by_loc[loc]) for loc in self.rng.sample(legal.locs, legal.n_required)]
-        return []
-
-
-def stand_in_make_agent(name: str, seed: int) -> Agent:
-    if name != "random":
-        raise KeyError(f"unknown bot {name!r}; the stand-in only knows 'random'")
-    return StandInRandom(seed)
-
-
-def _factory() -> AgentFactory | None:
-    """None (the arena's default: the real registry) when `diprl.bots` provides one."""
-    try:
-        from diprl.bots import make_agent  # noqa: F401
-    except ImportError:
-        return stand_in_make_agent
-    return None
-
-
-AGENT_FACTORY = _factory()
 
 
 def run_cli(argv: list[str]) -> tuple[int, list[str]]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        rc = main(argv, agent_factory=AGENT_FACTORY)
+        rc = main(argv)
     return rc, out.getvalue().splitlines()
 
 
@@ -83,9 +46,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[list[str],
 
 
 def _deterministic(report: dict[str, Any]) -> dict[str, Any]:
-    summary = {k: v for k, v in report["summary"].items() if k not in ("timing", "config")}
-    games = [{k: v for k, v in g.items() if k != "seconds"} for g in report["games"]]
-    return {"summary": summary, "games": games}
+    return {k: v for k, v in report.items() if k not in ("timing", "config")}
 
 
 def test_results_do_not_depend_on_worker_count(runs: dict[int, tuple[list[str], dict[str, Any]]]) -> None:
@@ -94,20 +55,20 @@ def test_results_do_not_depend_on_worker_count(runs: dict[int, tuple[list[str], 
 
 
 def test_every_power_is_hero_once_per_seven_games(runs: dict[int, tuple[list[str], dict[str, Any]]]) -> None:
-    games = runs[2][1]["games"]
+    games = runs[2][1]["per_game"]
     assert [g["index"] for g in games] == list(range(7))
     assert sorted(g["hero_power"] for g in games) == list(standard_powers())
-    assert all(p["games"] == 1 for p in runs[2][1]["summary"]["per_power"].values())
+    assert all(p["games"] == 1 for p in runs[2][1]["per_power"].values())
+    assert runs[2][1]["config"]["workers"] == 2 and runs[1][1]["config"]["workers"] == 1
 
 
 def test_categories_partition_the_games(runs: dict[int, tuple[list[str], dict[str, Any]]]) -> None:
     report = runs[2][1]
-    summary = report["summary"]
-    counts = {name: c["count"] for name, c in summary["categories"].items()}
+    counts = {name: c["count"] for name, c in report["categories"].items()}
     assert set(counts) == {c.value for c in Category}
-    assert sum(counts.values()) == summary["games"] == 7
-    assert Counter(g["category"] for g in report["games"]) == Counter({k: v for k, v in counts.items() if v})
-    for c in summary["categories"].values():
+    assert sum(counts.values()) == report["games"] == 7
+    assert Counter(g["category"] for g in report["per_game"]) == Counter({k: v for k, v in counts.items() if v})
+    for c in report["categories"].values():
         low, high = c["ci95"]
         assert 0.0 <= low <= c["rate"] <= high <= 1.0
 
@@ -116,8 +77,8 @@ def test_games_are_played_to_the_year_cap_without_order_issues(
     runs: dict[int, tuple[list[str], dict[str, Any]]],
 ) -> None:
     report = runs[1][1]
-    assert report["summary"]["order_issues"] == {"total": 0, "hero": 0}
-    for g in report["games"]:
+    assert report["order_issues"] == {"total": 0, "hero": 0}
+    for g in report["per_game"]:
         # Nobody solos by 1902, so every game runs through the last phase of 1902.
         assert g["solo_winner"] is None
         assert g["final_year"] == 1902
@@ -129,11 +90,26 @@ def test_games_are_played_to_the_year_cap_without_order_issues(
 def test_report_text_and_last_line(runs: dict[int, tuple[list[str], dict[str, Any]]]) -> None:
     lines, report = runs[1]
     assert LAST_LINE.match(lines[-1])
-    summary = report["summary"]
-    assert lines[-1] == f"hero_solo_rate={summary['hero_solo_rate']:.3f} hero_mean_sc={summary['hero_mean_sc']:.2f}"
+    assert lines[-1] == f"hero_solo_rate={report['hero_solo_rate']:.3f} hero_mean_sc={report['hero_mean_sc']:.2f}"
+    assert lines[0] == "random vs 6 x random: 7 games, max year 1902, seed 3"
+    assert runs[2][0][0] == "random vs 6 x random: 7 games, max year 1902, seed 3, 2 worker processes"
     text = "\n".join(lines)
     for word in ("solo", "top (no solo)", "survived", "eliminated", "order issues: 0", "games/s", *standard_powers()):
         assert word in text
+    # The arena leaves the costly re-adjudication of supports out (the evaluate command measures it).
+    assert report["config"]["play"]["critical_supports"] is False
+    assert report["behaviour"]["critical_support_rate"] is None
+
+
+def test_fewer_games_than_powers_show_every_power(tmp_path: Path) -> None:
+    rc, lines = run_cli(["--hero", "random", "--opponents", "hold", "--games", "2", "--max-year", "1901"])
+    assert rc == 0
+    rows = {
+        line.split()[0]: line.split()[1:] for line in lines if line.split() and line.split()[0] in standard_powers()
+    }
+    assert set(rows) == set(standard_powers())
+    assert sum(row[0] == "1" for row in rows.values()) == 2
+    assert rows["TURKEY"] == ["0", "-", "-", "-"]
 
 
 def test_quiet_prints_only_the_summary_line() -> None:
@@ -143,15 +119,13 @@ def test_quiet_prints_only_the_summary_line() -> None:
     assert LAST_LINE.match(lines[0])
 
 
-def test_unknown_agent_is_a_usage_error() -> None:
+@pytest.mark.parametrize("name", ["no-such-bot", "nobody", "bot:random", "main@v1"])
+def test_unknown_agent_is_a_usage_error(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        run_cli(["--hero", "no-such-bot", "--opponents", "random", "--games", "1"])
+        main(["--hero", name, "--opponents", "random", "--games", "1"])
     assert exc.value.code == 2
-
-
-def test_play_game_needs_an_agent_per_power() -> None:
-    with pytest.raises(ValueError, match="no agent"):
-        play_game({"FRANCE": StandInRandom(0)}, max_year=1901)
+    err = capsys.readouterr().err
+    assert "bot" in err and "Traceback" not in err
 
 
 def test_seat_seeds_are_deterministic_and_distinct() -> None:
@@ -164,24 +138,20 @@ def test_seat_seeds_are_deterministic_and_distinct() -> None:
 POWERS = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
 
 
-def record(centres: list[int], units: list[int] | None = None) -> GameRecord:
+def record(centres: list[int], units: list[int] | None = None) -> GameScore:
     """A hand-made final position: centres and units in POWERS order."""
     cs = dict(zip(POWERS, centres, strict=True))
     us = dict(zip(POWERS, units if units is not None else centres, strict=True))
     solo = next((p for p, n in cs.items() if n >= 18), None)
-    return GameRecord(
+    return GameScore(
         centres=cs,
         units=us,
         ranks={},
         sum_of_squares={},
         solo=solo,
         eliminated=tuple(p for p in POWERS if cs[p] == 0 and us[p] == 0),
-        phases=0,
-        last_phase="W1935A",
-        final_year=1935,
-        issues=dict.fromkeys(POWERS, 0),
-        issue_kinds={},
-        seconds=0.0,
+        final_phase="COMPLETED",
+        year=1935,
     )
 
 
@@ -212,24 +182,23 @@ def test_bad_counts_are_usage_errors(argv: list[str]) -> None:
     assert exc.value.code == 2
 
 
-def test_record_is_a_pure_function_of_the_seeds(tmp_path: Path) -> None:
-    factory = AGENT_FACTORY
-    if factory is None:
-        from diprl.bots import make_agent
-
-        factory = make_agent
-    results = []
-    for _ in range(2):
-        agents = {p: factory("random", seat_seed(11, i)) for i, p in enumerate(POWERS)}
-        rec = play_game(agents, max_year=1901)
-        results.append((rec.centres, rec.units, rec.phases, rec.last_phase))
-    assert results[0] == results[1]
+def test_a_run_is_a_pure_function_of_the_seeds(
+    runs: dict[int, tuple[list[str], dict[str, Any]]], tmp_path: Path
+) -> None:
+    argv = ["--hero", "random", "--opponents", "random", "--games", "7", "--max-year", "1902", "--quiet"]
+    reports = {}
+    for seed in (3, 4):
+        path = tmp_path / f"seed{seed}.json"
+        assert run_cli([*argv, "--seed", str(seed), "--workers", "1", "--json", str(path)])[0] == 0
+        reports[seed] = json.loads(path.read_text())
+    assert _deterministic(reports[3]) == _deterministic(runs[1][1])  # again: the same games
+    assert [g["centres"] for g in reports[4]["per_game"]] != [g["centres"] for g in reports[3]["per_game"]]
 
 
 @pytest.mark.parametrize("year", ["1800", "1900", "x"])
 def test_a_year_before_the_game_starts_is_a_usage_error(year: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(["--hero", "random", "--opponents", "random", "--max-year", year], agent_factory=AGENT_FACTORY)
+        main(["--hero", "random", "--opponents", "random", "--max-year", year])
     assert exc.value.code == 2
     assert "--max-year" in capsys.readouterr().err
 
@@ -241,7 +210,7 @@ def test_an_unwritable_json_path_is_a_usage_error_before_any_game(
     blocker.write_text("")
     for path in (blocker / "report.json", tmp_path):  # a parent that is a file; a directory as the path
         with pytest.raises(SystemExit) as exc:
-            main(["--hero", "random", "--opponents", "random", "--json", str(path)], agent_factory=AGENT_FACTORY)
+            main(["--hero", "random", "--opponents", "random", "--json", str(path)])
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert "--json" in err and "Traceback" not in err

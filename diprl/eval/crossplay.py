@@ -29,8 +29,9 @@ def crossplay_configs(refs: Sequence[str], template: SuiteConfig) -> list[SuiteC
         raise ValueError(f"crossplay needs at least two policies, got {refs}")
     if len(set(refs)) != len(refs):
         raise ValueError(f"crossplay policies must be distinct, got {refs}")
+    play = replace(template.play, replays=0)
     return [
-        replace(template, policy=a, opponents=[b], replays=0, replay_dir=None, label=f"{a} vs {b}")
+        replace(template, policy=a, opponents=[b], play=play, replay_dir=None, label=f"{a} vs {b}")
         for a in refs
         for b in refs
         if a != b

@@ -5,7 +5,8 @@ it forgets how to beat weak play; a fixed yardstick tells the two apart. The tra
 `evaluate.remote(policy_ref, tag)` on the named actor "evaluator" now and then and does not wait:
 the actor plays the suite against every member of its frozen pool (Random, DumbBot, `base`, and
 any pinned snapshots) in one lockstep run, as just another client of the PolicyServer, so
-rollouts and the learner carry on. Each evaluation writes
+rollouts and the learner carry on. It returns a small `EvaluationResult` (the hero's mean centres
+with their interval, solo rate and games per opponent, and where the report is); each evaluation writes
 
     <run_dir>/eval/<tag>/report.json      # one suite report per pool member + a flat summary
     <run_dir>/eval/<tag>/*.png            # the suites side by side
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from diprl.atomic_io import write_json_atomic
-from diprl.eval.refs import check_policy_ref, is_llm
+from diprl.eval.config import GamesConfig
+from diprl.eval.refs import check_policy_ref
 from diprl.eval.suite import SuiteConfig, run_suites
-from diprl.game import DEFAULT_MAX_YEAR
+from diprl.messages import EvaluationResult, OpponentResult
 from diprl.rollout.clients import PolicyClient
 
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
@@ -34,7 +36,8 @@ _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
 
 @dataclass
 class EvaluatorConfig:
-    """The frozen pool and the suite settings of every evaluation.
+    """The frozen pool and the games of every evaluation (`play`: any `GamesConfig`, such as the
+    training run's `evaluation` section; only its games part is kept).
 
     `client`: "serve" (the PolicyServer app `serve_app`) or "uniform" (a uniformly random legal
     policy for every LLM seat, with no model: tests and dry runs).
@@ -42,13 +45,7 @@ class EvaluatorConfig:
 
     pool: list[str] = field(default_factory=lambda: ["bot:random", "bot:dumbbot", "base"])
     pinned: list[str] = field(default_factory=list)  # snapshots to compare against, e.g. ["main@v1"]
-    games: int = 28
-    max_year: int = DEFAULT_MAX_YEAR
-    seed: int = 0
-    temperature: float = 1.0
-    max_tokens: int = 384
-    critical_supports: bool = True
-    replays: int = 0
+    play: GamesConfig = field(default_factory=lambda: GamesConfig(games=28))
     plots: bool = True
     client: str = "serve"
     serve_app: str = "policy"
@@ -59,6 +56,9 @@ class EvaluatorConfig:
             raise ValueError("the evaluator's pool is empty")
         for ref in (*self.pool, *self.pinned):
             check_policy_ref(ref)
+        if not isinstance(self.play, GamesConfig):
+            raise TypeError(f"play must be a GamesConfig, got {type(self.play).__name__}")
+        self.play = self.play.games_config()
         from diprl.rollout.clients import CLIENTS
 
         if self.client not in CLIENTS:
@@ -91,6 +91,12 @@ def flat_metrics(policy: str, tag: str, reports: dict[str, dict[str, Any]]) -> d
     return row
 
 
+def opponent_result(opponent: str, report: dict[str, Any]) -> OpponentResult:
+    """The gist of one suite report that crosses back to the driver."""
+    low, high = report["hero_centres"]["ci95"]
+    return OpponentResult(opponent, report["games"], report["hero_mean_sc"], (low, high), report["hero_solo_rate"])
+
+
 class Evaluator:
     """Runs the suite for a policy against the frozen pool; a plain class, and the "evaluator" actor."""
 
@@ -107,7 +113,8 @@ class Evaluator:
         if self._client is None:
             from diprl.rollout.clients import make_client
 
-            self._client = make_client(self.config.client, self.config.serve_app, self.config.model, self.config.seed)
+            cfg = self.config
+            self._client = make_client(cfg.client, cfg.serve_app, cfg.model, cfg.play.seed)
         return self._client
 
     def pool(self) -> list[str]:
@@ -122,11 +129,11 @@ class Evaluator:
             write_json_atomic(self.root / "pool.json", {"pinned": self._pinned})
         return self.pool()
 
-    def evaluate(self, policy_ref: str, tag: str) -> dict[str, Any]:
-        """Play `policy_ref` against every pool member (one lockstep run); write and return the report.
+    def evaluate(self, policy_ref: str, tag: str) -> EvaluationResult:
+        """Play `policy_ref` against every pool member (one lockstep run); write the report, return its gist.
 
-        The report holds one suite report per opponent (`suites`, keyed by the opponent's ref) and
-        `summary`, the flat metrics also appended to `<run_dir>/eval/metrics.jsonl`.
+        `<run_dir>/eval/<tag>/report.json` holds one suite report per opponent (`suites`, keyed by the
+        opponent's ref) and `summary`, the flat metrics also appended to `<run_dir>/eval/metrics.jsonl`.
         """
         check_policy_ref(policy_ref)
         if not isinstance(tag, str) or not _TAG.fullmatch(tag) or ".." in tag:
@@ -140,30 +147,29 @@ class Evaluator:
             SuiteConfig(
                 policy=policy_ref,
                 opponents=[opponent],
-                games=cfg.games,
-                max_year=cfg.max_year,
-                seed=cfg.seed,
-                temperature=cfg.temperature,
-                max_tokens=cfg.max_tokens,
-                replays=cfg.replays,
-                replay_dir=str(out / "replays" / opponent.replace(":", "_")) if cfg.replays else None,
-                critical_supports=cfg.critical_supports,
+                play=cfg.play,
+                replay_dir=str(out / "replays" / opponent.replace(":", "_")) if cfg.play.replays else None,
             )
             for opponent in opponents
         ]
-        needs_client = any(is_llm(r) for s in suites for r in s.refs)
+        needs_client = any(s.needs_client for s in suites)
         reports = run_suites(suites, self._get_client() if needs_client else None)
         by_opponent = dict(zip(opponents, reports, strict=True))
         summary = flat_metrics(policy_ref, tag, by_opponent)
-        result = {"policy": policy_ref, "tag": tag, "pool": opponents, "summary": summary, "suites": by_opponent}
-        write_json_atomic(out / "report.json", result, indent=1)
+        path = write_json_atomic(
+            out / "report.json",
+            {"policy": policy_ref, "tag": tag, "pool": opponents, "summary": summary, "suites": by_opponent},
+            indent=1,
+        )
         if cfg.plots:
             from diprl.eval.plots import write_plots
 
-            result["plots"] = [str(p) for p in write_plots(reports, out)]
+            write_plots(reports, out)
         with (self.root / "metrics.jsonl").open("a") as sink:
             sink.write(json.dumps(summary) + "\n")
-        return result
+        return EvaluationResult(
+            tag, policy_ref, str(path), tuple(opponent_result(o, r) for o, r in by_opponent.items())
+        )
 
     def pid_of(self) -> int:
         import os

@@ -12,18 +12,20 @@ none); the table goes to stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diprl.bots import BOT_NAMES, make_agent
-from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries
-from diprl.eval.arena import ArenaConfig, run_arena, summarize
-from diprl.eval.stats import wilson_interval
+from diprl.atomic_io import write_json_atomic
+from diprl.bots import BOT_NAMES
+from diprl.console import add_console_flags, quiet_libraries
+from diprl.eval.config import GamesConfig
+from diprl.eval.report import check_writable
+from diprl.eval.suite import SuiteConfig, bot_suite, run_suites
 from diprl.game import DEFAULT_MAX_YEAR
+from diprl.messages import PolicyRef
 
 OPPONENTS = ("dumbbot", "random")
 
@@ -33,51 +35,27 @@ def _rate(cell: dict[str, Any]) -> str:
     return f"{100 * cell['rate']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
-def _row_progress(bar: Any, row_start: int) -> Callable[[int, int], None]:
-    """`run_arena`'s callback (games done in this row, row total) moving the ladder-wide bar."""
-
-    def advance(done: int, total: int) -> None:
-        bar.update(row_start + done - bar.n)
-
-    return advance
-
-
-def ladder_rows(games: int, max_year: int, workers: int, seed: int, bar: Any = None) -> list[dict[str, Any]]:
-    """One arena summary per (opponents, hero) row. `bar` (from `diprl.console.progress_bar`, total
-    `games * len(BOT_NAMES) * len(OPPONENTS)`), if given, names the row being played and advances per game."""
-    rows = []
-    for opponents in OPPONENTS:
-        for hero in BOT_NAMES:
-            config = ArenaConfig(
-                hero=hero, opponents=opponents, games=games, max_year=max_year, seed=seed, workers=workers
-            )
-            progress = None
-            if bar is not None:
-                bar.set_description(f"{hero} vs {opponents}")
-                progress = _row_progress(bar, bar.n)
-            start = time.perf_counter()
-            played = run_arena(config, make_agent, progress)
-            summary = summarize(config, played, time.perf_counter() - start)
-            any_solo = sum(g.solo_winner is not None for g in played)
-            summary["any_solo"] = {
-                "count": any_solo,
-                "rate": any_solo / games,
-                "ci95": list(wilson_interval(any_solo, games)),
-            }
-            rows.append(summary)
-    return rows
+def ladder_suites(games: int, max_year: int, workers: int, seed: int) -> list[SuiteConfig]:
+    """One arena suite per (opponents, hero) row, each labelled as its row ("dumbbot vs random")."""
+    play = GamesConfig(games=games, max_year=max_year, seed=seed, critical_supports=False)
+    return [
+        bot_suite(hero, opponents, play, workers, label=f"{hero} vs {opponents}")
+        for opponents in OPPONENTS
+        for hero in BOT_NAMES
+    ]
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The README's table, one line per suite report."""
     lines = [
         "| hero | vs 6 | solo | top | survived | eliminated | mean centres | mean SoS | games ending in any solo |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        c, cfg = r["categories"], r["config"]
-        centres = r["hero_centres"]
+        c, centres = r["categories"], r["hero_centres"]
+        hero, opponents = PolicyRef.parse(r["policy"]).name, PolicyRef.parse(r["opponents"][0]).name
         lines.append(
-            f"| {cfg['hero']} | {cfg['opponents']} | {_rate(c['solo'])} | {_rate(c['top'])} | {_rate(c['survived'])} "
+            f"| {hero} | {opponents} | {_rate(c['solo'])} | {_rate(c['top'])} | {_rate(c['survived'])} "
             f"| {_rate(c['eliminated'])} | {centres['mean']:.2f} [{centres['ci95'][0]:.2f}, {centres['ci95'][1]:.2f}] "
             f"| {r['hero_sum_of_squares']['mean']:.1f} | {_rate(r['any_solo'])} |"
         )
@@ -93,11 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     add_console_flags(parser)
     args = parser.parse_args(argv)
+    try:
+        suites = ladder_suites(args.games, args.max_year, args.workers, args.seed)
+        if args.json is not None:
+            check_writable(args.json)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
     quiet_libraries(args.verbose)
     start = time.perf_counter()
-    total = args.games * len(BOT_NAMES) * len(OPPONENTS)
-    with progress_bar(total, "ladder", bar_enabled(args.quiet), "game") as bar:
-        rows = ladder_rows(args.games, args.max_year, args.workers, args.seed, bar)
+    rows = run_suites(suites, progress=not args.quiet)
     print(
         f"bot ladder: {args.games} games per row, powers rotated, stop at a solo or after winter {args.max_year}; "
         "95% Wilson intervals for rates, bootstrap for mean centres"
@@ -106,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     issues = sum(r["order_issues"]["total"] for r in rows)
     print(f"order issues over all games: {issues}; wall {time.perf_counter() - start:.0f} s")
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_json_atomic(args.json, rows, indent=1)
     return 0 if issues == 0 else 1
 
 

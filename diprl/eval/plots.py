@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +38,46 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def plot_outcomes(reports: Sequence[dict[str, Any]], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(CATEGORY_ORDER) * max(1, len(reports)) / 2), 4))
+_NO_RATE: dict[str, Any] = {"rate": 0.0, "ci95": [0.0, 0.0]}
+
+
+def _rate_bars(
+    reports: Sequence[dict[str, Any]],
+    cells_of: Callable[[dict[str, Any]], Sequence[dict[str, Any] | None]],
+    ticks: Sequence[str],
+    ylabel: str,
+    title: str,
+    width_in: float,
+) -> Any:
+    """Grouped bars of rates with their Wilson intervals: one group per tick, one bar per suite.
+
+    `cells_of(report)` gives the report's rate cells in `ticks` order; a missing rate draws as 0.
+    """
+    fig, ax = plt.subplots(figsize=(width_in, 4))
     width = 0.8 / len(reports)
-    x = np.arange(len(CATEGORY_ORDER))
+    x = np.arange(len(ticks))
     for k, report in enumerate(reports):
-        cells = [report["categories"][c] for c in CATEGORY_ORDER]
+        cells = [c if c is not None and c["rate"] is not None else _NO_RATE for c in cells_of(report)]
         ax.bar(x + k * width - 0.4 + width / 2, [c["rate"] for c in cells], width, yerr=_errors(cells), capsize=3,
                label=f"{report['label']} ({report['games']} games)")  # fmt: skip
-    ax.set_xticks(x, CATEGORY_ORDER)
+    ax.set_xticks(x, ticks)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("share of games (95% Wilson)")
-    ax.set_title("hero outcome")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
+    return fig
+
+
+def plot_outcomes(reports: Sequence[dict[str, Any]], path: Path) -> Path:
+    width = max(6.0, 1.6 * len(CATEGORY_ORDER) * max(1, len(reports)) / 2)
+    fig = _rate_bars(
+        reports,
+        lambda r: [r["categories"][c] for c in CATEGORY_ORDER],
+        CATEGORY_ORDER,
+        "share of games (95% Wilson)",
+        "hero outcome",
+        width,
+    )
     return _save(fig, path)
 
 
@@ -87,19 +114,9 @@ def plot_centres_by_year(reports: Sequence[dict[str, Any]], path: Path) -> Path:
 def plot_behaviour(reports: Sequence[dict[str, Any]], path: Path) -> Path:
     keys = ("support_rate", "void_support_rate", "critical_support_rate", "attacks_on_recent_supporter")
     labels = ("supports /\norders", "void /\nsupports", "critical /\nsupports", "attacks on a\nrecent supporter")
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(reports)
-    x = np.arange(len(keys))
-    for k, report in enumerate(reports):
-        cells = [report["behaviour"][key] or {"rate": 0.0, "ci95": [0.0, 0.0]} for key in keys]
-        cells = [c if c["rate"] is not None else {"rate": 0.0, "ci95": [0.0, 0.0]} for c in cells]
-        ax.bar(x + k * width - 0.4 + width / 2, [c["rate"] for c in cells], width, yerr=_errors(cells), capsize=3,
-               label=report["label"])  # fmt: skip
-    ax.set_xticks(x, labels)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("rate (95% Wilson)")
-    ax.set_title("how the hero plays")
-    ax.legend(fontsize=8)
+    fig = _rate_bars(
+        reports, lambda r: [r["behaviour"][k] for k in keys], labels, "rate (95% Wilson)", "how the hero plays", 8.0
+    )
     return _save(fig, path)
 
 

@@ -1,10 +1,17 @@
-"""Suite reports as text and files: the table a person reads and the JSON a script reads."""
+"""Suite reports as text and files: the table a person reads and the JSON a script reads.
+
+Every evaluation command (`python -m diprl.evaluate`, `python -m diprl.arena`, the ladder) prints a
+suite report with `format_suite` and ends with `summary_line`, and checks its output path with
+`check_writable` before playing.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-from diprl.eval.arena_games import CATEGORIES
+from diprl.eval.records import CATEGORIES
 
 _LABELS = {"solo": "solo", "top": "top (no solo)", "survived": "survived", "eliminated": "eliminated"}
 
@@ -23,9 +30,11 @@ def _rate_line(label: str, cell: dict[str, Any] | None) -> str:
 def format_suite(report: dict[str, Any]) -> list[str]:
     """The human-readable report of one suite (the summary line is printed separately, last)."""
     cfg = report["config"]
+    play, workers = cfg["play"], cfg["workers"]
     n = report["games"]
     lines = [
-        f"{report['label']}: {n} games, max year {cfg['max_year']}, seed {cfg['seed']}",
+        f"{report['label']}: {n} games, max year {play['max_year']}, seed {play['seed']}"
+        + (f", {workers} worker processes" if workers > 1 else ""),
         "",
         f"{'hero outcome':<22}{'games':>6}{'rate':>8}   95% CI (Wilson)",
     ]
@@ -43,6 +52,8 @@ def format_suite(report: dict[str, Any]) -> list[str]:
                 f"{power:<22}{p['games']:>6}{p['solo']['rate']:>8.3f}{p['mean_centres']:>9.2f}"
                 f"{p['mean_sum_of_squares']:>10.2f}"
             )
+        else:  # fewer than 7 games: this power never had the hero
+            lines.append(f"{power:<22}{0:>6}{'-':>8}{'-':>9}{'-':>10}")
     b = report["behaviour"]
     gained = b["centres_gained_per_year"]
     lines += [
@@ -66,10 +77,29 @@ def format_suite(report: dict[str, Any]) -> list[str]:
             f"LLM requests: {llm['requests']} ({llm['errors']} errors, {llm['incomplete']} incomplete); "
             f"{timing.get('llm_calls', 0)} batched calls"
         )
-    lines.append(f"time: {timing['wall_seconds']:.1f} s wall")
+    gps = timing.get("games_per_second")
+    lines.append(f"time: {timing['wall_seconds']:.1f} s wall" + (f", {gps:.2f} games/s" if gps else ""))
     return lines
 
 
 def summary_line(report: dict[str, Any]) -> str:
     """The last line of every evaluation: stable, grep-able, meant for scripts and CI."""
     return f"hero_solo_rate={report['hero_solo_rate']:.3f} hero_mean_sc={report['hero_mean_sc']:.2f}"
+
+
+def check_writable(path: Path) -> Path:
+    """Fail now, with the reason, if a report cannot be written to `path` later.
+
+    Called before any game is played: finding out after an hour of games that the directory is
+    read-only (or the path is a directory) would throw the games away.
+    """
+    if path.is_dir():
+        raise OSError(f"{path} is a directory, not a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(f".{path.name}.probe-{os.getpid()}")
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    return path

@@ -12,19 +12,20 @@ each step asks every rule bot locally and sends the LLM seats of ALL unfinished 
 ONE batched `client.generate` call, then steps every game.
 That keeps the PolicyServer's batches full (an LLM seat waits for one batch per phase, not one per
 game) and makes a suite with LLM seats cost about as many calls as its longest game has phases.
-Several suites (crossplay, the evaluator's opponent pool) share one lockstep run through
-`run_suites`. A suite with rule bots only needs no client and may use worker processes.
+Several suites (crossplay, the evaluator's opponent pool, the bot ladder) share one run through
+`run_suites`. A run with rule bots only has nothing to batch: it needs no client and plays its games
+one at a time, in `workers` processes when asked (the arena and the ladder are such runs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-import math
 import multiprocessing as mp
 import time
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,12 @@ from typing import Any
 from diprl.bots import make_agent
 from diprl.bots.base import Agent, seat_seed
 from diprl.console import progress_bar
-from diprl.eval.arena import check_max_year
-from diprl.eval.arena_games import CATEGORIES, Category, HeroGame, game_record, hero_fields
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
+from diprl.eval.config import GamesConfig
+from diprl.eval.records import CATEGORIES, Category, HeroGame, game_record, hero_fields
 from diprl.eval.refs import check_policy_ref, is_llm
 from diprl.eval.stats import mean_summary, rate_summary
-from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
+from diprl.game import DiplomacyGame
 from diprl.game.seating import SEED_STRIDE, game_seed, rotated_seats, standard_powers
 from diprl.messages import PolicyRef
 from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PhaseOutcome, PolicyClient, Table, drive
@@ -45,8 +46,10 @@ from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PhaseOutcome,
 __all__ = [
     "SEED_STRIDE",
     "GameSpec",
+    "GamesConfig",
     "PlayedGame",
     "SuiteConfig",
+    "bot_suite",
     "game_specs",
     "play_lockstep",
     "run_suite",
@@ -57,33 +60,21 @@ __all__ = [
 
 @dataclass
 class SuiteConfig:
-    """One benchmark: `policy` (the hero) against `opponents` in the other six seats.
+    """One benchmark: `policy` (the hero) against `opponents` in the other six seats, playing `play`.
 
-    `opponents` is one PolicyRef or several (seats filled round-robin, shifted each game).
-    `temperature` and `max_tokens` apply to LLM seats only. `replays` games (the first ones) are
-    written as replay JSON, SVG frames and an HTML viewer under `replay_dir`. `critical_supports`
-    re-adjudicates each successful hero support (a few ms each) to tell critical from redundant.
-    `workers` > 1 plays a bots-only suite in that many processes (LLM suites run in one, lockstep).
-    `sampling_seed` (0 by default) gives every LLM seat's request its own sampling seed, from this
-    stream, the game's seed, the power and the phase: the same policy plays the same games whatever
-    else shares the engine's batch, so two evaluations differ only by their policies; another stream
-    re-draws the LLM's samples on the same games (the noise floor of a paired comparison). None leaves
-    sampling to the engine (not reproducible). `temperature` 0 is greedy decoding.
+    `opponents` is one PolicyRef or several (seats filled round-robin, shifted each game). `play` may
+    be any config that extends `GamesConfig` (the evaluate command's, the training schedule's): only
+    its games part is kept. Replays (`play.replays`) are written under `replay_dir`. `workers` > 1
+    plays a bots-only run in that many processes (LLM suites run in one, lockstep); `label` names the
+    suite in reports, plots and the progress bar.
     """
 
     policy: str = "bot:dumbbot"
     opponents: list[str] = field(default_factory=lambda: ["bot:dumbbot"])
-    games: int = 140
-    max_year: int = DEFAULT_MAX_YEAR
-    seed: int = 0
-    temperature: float = 1.0
-    max_tokens: int = 384
-    replays: int = 0
-    replay_dir: str | None = None
-    critical_supports: bool = True
+    play: GamesConfig = field(default_factory=GamesConfig)
     workers: int = 1
     label: str = ""
-    sampling_seed: int | None = 0
+    replay_dir: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.opponents, str):
@@ -93,21 +84,13 @@ class SuiteConfig:
             raise ValueError("opponents must name at least one PolicyRef")
         for ref in (self.policy, *self.opponents):
             check_policy_ref(ref)
-        check_max_year(self.max_year)
-        for name in ("games", "max_tokens", "workers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if isinstance(self.replays, bool) or not isinstance(self.replays, int) or not 0 <= self.replays <= self.games:
-            raise ValueError(f"replays must be between 0 and games ({self.games}), got {self.replays!r}")
-        if self.replays and not self.replay_dir:
+        if not isinstance(self.play, GamesConfig):
+            raise TypeError(f"play must be a GamesConfig, got {type(self.play).__name__}")
+        self.play = self.play.games_config()
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
+        if self.play.replays and not self.replay_dir:
             raise ValueError("replays > 0 needs replay_dir (where to write them)")
-        if not isinstance(self.temperature, int | float) or not (0 <= self.temperature < math.inf):
-            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
-        if self.sampling_seed is not None and (
-            isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int) or self.sampling_seed < 0
-        ):
-            raise ValueError(f"sampling_seed must be an integer >= 0 or None, got {self.sampling_seed!r}")
         if not self.label:
             self.label = f"{self.policy} vs {'+'.join(self.opponents)}"
 
@@ -120,6 +103,20 @@ class SuiteConfig:
         return any(is_llm(r) for r in self.refs)
 
 
+def bot_suite(hero: str, opponents: str, play: GamesConfig, workers: int = 1, label: str = "") -> SuiteConfig:
+    """Rule bot `hero` against six of rule bot `opponents` (bot names): the arena's and the ladder's suite.
+
+    `ValueError` names an unknown bot. The label defaults to "<hero> vs 6 x <opponents>".
+    """
+    return SuiteConfig(
+        policy=str(PolicyRef.bot_ref(hero)),
+        opponents=[str(PolicyRef.bot_ref(opponents))],
+        play=play,
+        workers=workers,
+        label=label or f"{hero} vs 6 x {opponents}",
+    )
+
+
 @dataclass(frozen=True)
 class GameSpec:
     """One game to play: who sits where, the hero, its seed; picklable (crosses to worker processes)."""
@@ -129,12 +126,8 @@ class GameSpec:
     seed: int
     seats: dict[str, str]
     hero: str
-    max_year: int
-    temperature: float
-    max_tokens: int
-    critical_supports: bool
+    play: GamesConfig
     replay_dir: str | None = None
-    sampling_seed: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -154,23 +147,10 @@ class PlayedGame(HeroGame):
 def game_specs(config: SuiteConfig, suite: int = 0) -> list[GameSpec]:
     """The suite's games: hero on power `i % 7`, opponents round-robin, seeds from `seed` and `i`."""
     specs = []
-    for i in range(config.games):
+    for i in range(config.play.games):
         hero, seats = rotated_seats(i, config.policy, config.opponents)
-        specs.append(
-            GameSpec(
-                suite=suite,
-                index=i,
-                seed=game_seed(config.seed, i),
-                seats=seats,
-                hero=hero,
-                max_year=config.max_year,
-                temperature=float(config.temperature),
-                max_tokens=config.max_tokens,
-                critical_supports=config.critical_supports,
-                replay_dir=config.replay_dir if i < config.replays else None,
-                sampling_seed=config.sampling_seed,
-            )
-        )
+        replay_dir = config.replay_dir if i < config.play.replays else None
+        specs.append(GameSpec(suite, i, game_seed(config.play.seed, i), seats, hero, config.play, replay_dir))
     return specs
 
 
@@ -179,7 +159,8 @@ class _Measure:
 
     def __init__(self, spec: GameSpec, game: DiplomacyGame) -> None:
         self.spec = spec
-        self.tracker = BehaviourTracker(spec.hero, len(game.centres(spec.hero)), spec.critical_supports, spec.max_year)
+        play = spec.play
+        self.tracker = BehaviourTracker(spec.hero, len(game.centres(spec.hero)), play.critical_supports, play.max_year)
         self.issues: Counter[str] = Counter()
         self.llm: Counter[str] = Counter()
         self.by_year: list[int] = []
@@ -205,7 +186,7 @@ class _Measure:
 
     def result(self, game: DiplomacyGame) -> PlayedGame:
         spec = self.spec
-        record = game_record(game, self.phases, self.issues, {}, 0.0)
+        record = game_record(game, self.phases, self.issues)
         behaviour: BehaviourCounts = self.tracker.finish(game)
         llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
         return PlayedGame(
@@ -214,8 +195,8 @@ class _Measure:
             **hero_fields(record, spec.hero),
             suite=spec.suite,
             seats=dict(spec.seats),
-            ranks=dict(record.ranks),
-            hero_centres_by_year=[*self.by_year, record.centres[spec.hero]],
+            ranks=dict(record.score.ranks),
+            hero_centres_by_year=[*self.by_year, record.score.centres[spec.hero]],
             issues=dict(record.issues),
             behaviour=behaviour.to_dict(),
             llm={k: self.llm[k] for k in llm_keys},
@@ -230,15 +211,16 @@ def request_seed(game_seed: int, power: str, phase: str, stream: int = 0) -> int
 
 def play_game(spec: GameSpec) -> Generator[Sequence[Table], Sequence[PhaseOutcome], PlayedGame]:
     """One suite game as a lockstep job: every seat played by its PolicyRef, measured, replay written."""
-    game = DiplomacyGame(max_year=spec.max_year)
+    play = spec.play
+    game = DiplomacyGame(max_year=play.max_year)
     bots: dict[str, Agent] = {
         power: make_agent(PolicyRef.parse(ref).name, seat_seed(spec.seed, seat))
         for seat, (power, ref) in enumerate(sorted(spec.seats.items()))
         if not is_llm(ref)
     }
-    stream = spec.sampling_seed
+    stream = play.sampling_seed
     seeds = None if stream is None else functools.partial(_seat_seed, spec.seed, stream)
-    table = Table(game, spec.seats, bots, spec.temperature, spec.max_tokens, seeds)
+    table = Table(game, spec.seats, bots, float(play.temperature), play.max_tokens, seeds)
     measure = _Measure(spec, game)
     while not game.is_done:
         (outcome,) = yield [table]
@@ -278,58 +260,82 @@ def play_lockstep(
     return [played[(spec.suite, spec.index)] for spec in specs]
 
 
-def _play_chunk(specs: Sequence[GameSpec]) -> list[PlayedGame]:
-    """A worker process's share of a bots-only run (module level, so it can be pickled)."""
-    return play_lockstep(specs, None)
+def _play_alone(spec: GameSpec) -> PlayedGame:
+    """One game of a bots-only run (module level, so that worker processes can unpickle it).
+
+    A worker's traceback does not survive pickling: the error names the game, whose seeds replay it.
+    """
+    try:
+        return play_lockstep([spec], None)[0]
+    except Exception as exc:
+        raise RuntimeError(
+            f"game {spec.index} of suite {spec.suite} (seed {spec.seed}, hero {spec.hero}) failed: {exc!r}"
+        ) from exc
 
 
-def _chunks(specs: Sequence[GameSpec], size: int) -> Iterator[list[GameSpec]]:
-    for start in range(0, len(specs), size):
-        yield list(specs[start : start + size])
+def _play_bots(specs: Sequence[GameSpec], workers: int, on_done: Callable[[PlayedGame], None]) -> list[PlayedGame]:
+    """A bots-only run: nothing to batch, so one game at a time, in `workers` processes when > 1.
+
+    Games differ a lot in length (an early solo against a run to 1935), so they go out in small chunks
+    and come back unordered; callers sort by index, which keeps results independent of scheduling.
+    'fork' is preferred where available: workers inherit the loaded engine.
+    """
+    played: list[PlayedGame] = []
+    with contextlib.ExitStack() as stack:
+        games: Iterable[PlayedGame]
+        if workers > 1 and len(specs) > 1:
+            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            pool = stack.enter_context(mp.get_context(method).Pool(min(workers, len(specs))))
+            games = pool.imap_unordered(_play_alone, specs, chunksize=max(1, len(specs) // (workers * 8)))
+        else:
+            games = map(_play_alone, specs)
+        for game in games:
+            played.append(game)
+            on_done(game)
+    return played
 
 
 def run_suites(
     configs: Sequence[SuiteConfig], client: PolicyClient | None = None, progress: bool = False
 ) -> list[dict[str, Any]]:
-    """Play several suites in ONE lockstep run (one batched call per phase across all of them).
+    """Play several suites in ONE run (with LLM seats: one batched call per phase across all of them).
 
-    Returns one report per config, in order (see `summarize_suite`). A bots-only run with
-    `workers` > 1 (the largest asked for) plays chunks of games in worker processes; results are
+    Returns one report per config, in order (see `summarize_suite`). A bots-only run plays its games
+    one at a time, in worker processes when `workers` > 1 (the largest asked for); results are
     identical to one process because every game's seeds depend only on its config and index.
-    `progress` draws a bar over all games on stderr when stderr is a terminal.
+    `progress` draws a bar over all games on stderr when stderr is a terminal, named after the suite
+    whose game finished last.
     """
     if not configs:
         raise ValueError("no suites to run")
-    if client is None and any(c.needs_client for c in configs):
-        llm = sorted({r for c in configs for r in c.refs if is_llm(r)})
+    llm = sorted({r for c in configs for r in c.refs if is_llm(r)})
+    if client is None and llm:
         raise ValueError(
             f"LLM seats ({', '.join(llm)}) need a PolicyClient: pass ServeClient() inside a Ray cluster, "
             "or run `python -m diprl.evaluate`, which starts a local PolicyServer"
         )
     specs = [spec for k, config in enumerate(configs) for spec in game_specs(config, k)]
     for config in configs:
-        if config.replays and config.replay_dir:
+        if config.play.replays and config.replay_dir:
             Path(config.replay_dir).mkdir(parents=True, exist_ok=True)
-    workers = max(c.workers for c in configs)
     stats = LockstepStats()
     start = time.perf_counter()
-    bar = progress_bar(len(specs), "games", enabled=None if progress else False, unit="game")
+    bar = progress_bar(len(specs), configs[0].label, enabled=None if progress else False, unit="game")
+    shown = [0]  # the suite the bar names
+
+    def done(game: PlayedGame) -> None:
+        if game.suite != shown[0]:
+            shown[0] = game.suite
+            bar.set_description(configs[game.suite].label)
+        if stats.calls:
+            bar.set_postfix(llm_calls=stats.calls, refresh=False)
+        bar.update(1)
+
     try:
-        if client is None and workers > 1 and len(specs) > 1:
-            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-            size = max(1, min(7, math.ceil(len(specs) / workers)))
-            results: list[PlayedGame] = []
-            with mp.get_context(method).Pool(workers) as pool:
-                for chunk in pool.imap_unordered(_play_chunk, _chunks(specs, size)):
-                    results.extend(chunk)
-                    bar.update(len(chunk))
-        else:
-
-            def done(_: PlayedGame) -> None:
-                bar.update(1)
-                bar.set_postfix(llm_calls=stats.calls, refresh=False)
-
+        if llm:
             results = play_lockstep(specs, client, on_done=done, stats=stats)
+        else:
+            results = _play_bots(specs, max(c.workers for c in configs), done)
     finally:
         bar.close()
     wall = time.perf_counter() - start
@@ -339,7 +345,7 @@ def run_suites(
         report = summarize_suite(config, mine, wall)
         report["timing"]["llm_calls"] = stats.calls
         report["timing"]["llm_requests_all_suites"] = stats.requests
-        report["timing"]["suites_in_lockstep"] = len(configs)
+        report["timing"]["suites_in_one_run"] = len(configs)
         reports.append(report)
     return reports
 
@@ -389,7 +395,8 @@ def summarize_suite(config: SuiteConfig, games: Sequence[PlayedGame], wall_secon
     Keys: config, label, policy, opponents, games, categories (solo/top/survived/eliminated with
     Wilson intervals), hero_centres and hero_sum_of_squares (means with bootstrap intervals),
     hero_centres_per_game (game index order: what paired comparisons bootstrap over), per_power,
-    behaviour, centres_by_year, order_issues, llm, mean_phases, mean_final_year, per_game,
+    behaviour, centres_by_year, order_issues, llm, any_solo (games that any power soloed: a rate with
+    its Wilson interval), mean_phases, mean_final_year, per_game,
     hero_solo_rate, hero_mean_sc, interval_methods, timing.
     """
     if not games:
@@ -419,13 +426,14 @@ def summarize_suite(config: SuiteConfig, games: Sequence[PlayedGame], wall_secon
         "hero_sum_of_squares": mean_summary([g.hero_sum_of_squares for g in games]),
         "hero_centres_per_game": [g.hero_centres for g in games],
         "per_power": per_power,
-        "behaviour": _behaviour_summary(games, config.critical_supports),
+        "behaviour": _behaviour_summary(games, config.play.critical_supports),
         "centres_by_year": _centres_by_year(games),
         "order_issues": {
             "total": sum(sum(g.issues.values()) for g in games),
             "hero": sum(g.issues[g.hero_power] for g in games),
         },
         "llm": {k: sum(g.llm[k] for g in games) for k in llm_keys},
+        "any_solo": rate_summary(sum(g.solo_winner is not None for g in games), n),
         "mean_phases": sum(g.phases for g in games) / n,
         "mean_final_year": sum(g.final_year for g in games) / n,
         "per_game": [asdict(g) for g in games],

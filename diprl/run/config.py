@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from diprl.eval.config import GamesConfig
 from diprl.rollout.episode import EpisodeConfig
 from diprl.structured_config import CONF_DIR, ConfigError
 
@@ -22,18 +23,22 @@ __all__ = ["CONF_DIR", "Config", "ConfigError", "compose_config"]
 
 
 @dataclass
-class EvalScheduleConfig:
-    """Evaluation during training: fixed seeded games, the hero against a frozen pool."""
+class EvalScheduleConfig(GamesConfig):
+    """Evaluation during training: fixed seeded games, the hero against a frozen pool.
 
-    every_steps: int = 10  # main learner steps between evaluations (0: only at the start and the end)
+    The games (`games`, `max_year`, `seed`, `temperature`, `max_tokens`, `sampling_seed`, `replays`,
+    `critical_supports`) are a `GamesConfig`, extended here with when to evaluate and against whom; the
+    evaluator receives exactly that games part. `replays` games per opponent are written under
+    `eval/<tag>/replays/` (the web app's games page).
+    """
+
     games: int = 14  # per opponent; a multiple of 7 rotates the hero over every power equally
     max_year: int = 1906
+    seed: int = 12345
+    every_steps: int = 10  # main learner steps between evaluations (0: only at the start and the end)
     opponents: list[str] = field(default_factory=lambda: ["bot:random", "bot:dumbbot"])
-    temperature: float = 1.0
     at_start: bool = True
     at_end: bool = True
-    replays: int = 0  # games per opponent written as replays (eval/<tag>/replays/: the web app's games page)
-    seed: int = 12345
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diprl.messages import EvaluationResult
 from diprl.run.config import EvalScheduleConfig
 from diprl.run.journal import Journal
 from diprl.run.rundir import Counters
@@ -58,23 +59,26 @@ class EvalSchedule:
         except Exception as exc:
             self.journal.fault({"evaluation": version, "error": repr(exc)[:500]})
             return
+        self.record(result, version, step)
+
+    def record(self, result: EvaluationResult, version: str, step: int) -> None:
+        """Count one finished evaluation and log one `eval` line per opponent (the report stays on disk)."""
         self.counters.evaluations += 1
         self.last_version = version
-        report_path = str(self.journal.run_dir / "eval" / result["tag"] / "report.json")
-        for opponents, report in result["suites"].items():
-            centres = report["hero_centres"]
-            self.last[opponents] = report["hero_mean_sc"]
+        for o in result.opponents:
+            self.last[o.opponent] = o.mean_centres
             self.journal.log(
                 "eval",
                 {
                     "step": step,
                     "version": version,
-                    "opponents": opponents,
-                    "eval/hero_mean_sc": report["hero_mean_sc"],
-                    "eval/hero_mean_sc_lo": centres["ci95"][0],
-                    "eval/hero_mean_sc_hi": centres["ci95"][1],
-                    "eval/hero_solo_rate": report["hero_solo_rate"],
-                    "eval/report": report_path,
+                    "opponents": o.opponent,
+                    "eval/games": o.games,
+                    "eval/hero_mean_sc": o.mean_centres,
+                    "eval/hero_mean_sc_lo": o.centres_ci95[0],
+                    "eval/hero_mean_sc_hi": o.centres_ci95[1],
+                    "eval/hero_solo_rate": o.solo_rate,
+                    "eval/report": result.report,
                 },
             )
 

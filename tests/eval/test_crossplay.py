@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from diprl import evaluate
+from diprl.eval.config import GamesConfig
 from diprl.eval.crossplay import crossplay_configs, outrank_share, summarize_crossplay
 from diprl.eval.suite import SuiteConfig
 from diprl.game.scoring import ranks as ranks_of
@@ -57,10 +58,12 @@ def test_rock_paper_scissors_gives_uniform_nash() -> None:
 
 
 def test_configs_cover_every_ordered_pair_once() -> None:
-    configs = crossplay_configs(["bot:random", "bot:hold", "base"], SuiteConfig(games=7, replays=0))
+    template = SuiteConfig(play=GamesConfig(games=7, replays=2), replay_dir="replays")
+    configs = crossplay_configs(["bot:random", "bot:hold", "base"], template)
     assert sorted((c.policy, c.opponents[0]) for c in configs) == sorted(
         (a, b) for a in ("bot:random", "bot:hold", "base") for b in ("bot:random", "bot:hold", "base") if a != b
     )
+    assert all(c.play.games == 7 and c.play.replays == 0 and c.replay_dir is None for c in configs)
     with pytest.raises(ValueError, match="distinct"):
         crossplay_configs(["bot:random", "bot:random"], SuiteConfig())
 

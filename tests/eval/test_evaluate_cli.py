@@ -89,3 +89,22 @@ def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for key in ("policy=", "opponents=", "games=", "crossplay=", "replays=", "adapters="):
         assert key in text
+
+
+def test_the_command_lines_games_keys_reach_every_suite(tmp_path: Path) -> None:
+    from diprl.eval.config import GamesConfig, load_evaluate_config
+
+    argv = [
+        "policy=bot:dumbbot",
+        "games=14",
+        "max_year=1903",
+        "seed=2",
+        "temperature=0",
+        "replays=2",
+        f"out={tmp_path}",
+    ]
+    plan = evaluate.make_plan(load_evaluate_config([*argv, "crossplay=[bot:random,bot:hold]", "crossplay_games=1"]))
+    assert plan.suite.play == GamesConfig(games=14, max_year=1903, seed=2, temperature=0.0, replays=2)
+    assert plan.suite.replay_dir == str(tmp_path / "replays")
+    # Crossplay pairs play crossplay_games each, the same years and seeds, and write no replays.
+    assert [c.play for c in plan.crossplay] == [GamesConfig(games=1, max_year=1903, seed=2, temperature=0.0)] * 2

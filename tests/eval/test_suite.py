@@ -1,4 +1,4 @@
-"""The fixed suite: the same games as the arena, LLM seats of all games in one batch per phase, checked config."""
+"""The fixed suite: the games the arena always played, LLM seats of all games in one batch per phase, checked config."""
 
 from __future__ import annotations
 
@@ -7,25 +7,29 @@ from typing import Any
 
 import pytest
 
-from diprl.bots import make_agent
-from diprl.eval.arena import ArenaConfig, run_arena, standard_powers
+from diprl.eval.config import GamesConfig
 from diprl.eval.refs import UnknownPolicyRef
-from diprl.eval.suite import SuiteConfig, game_specs, request_seed, run_suite
+from diprl.eval.suite import SuiteConfig, game_specs, request_seed, run_suite, run_suites
+from diprl.game.seating import standard_powers
 
 from .conftest import RecordingClient
 
 
 @pytest.fixture(scope="module")
 def bots_report() -> dict[str, Any]:
-    return run_suite(SuiteConfig(policy="bot:dumbbot", opponents=["bot:random"], games=7, max_year=1902, seed=5))
+    play = GamesConfig(games=7, max_year=1902, seed=5)
+    return run_suite(SuiteConfig(policy="bot:dumbbot", opponents=["bot:random"], play=play))
 
 
-def test_bot_suite_plays_exactly_the_arenas_games(bots_report: dict[str, Any]) -> None:
-    # Same seeds, same seating: the suite must reproduce the arena game for game.
-    arena = run_arena(ArenaConfig("dumbbot", "random", games=7, max_year=1902, seed=5), make_agent)
-    assert bots_report["hero_centres_per_game"] == [g.hero_centres for g in arena]
-    assert [g["category"] for g in bots_report["per_game"]] == [g.category for g in arena]
-    assert [g["centres"] for g in bots_report["per_game"]] == [g.centres for g in arena]
+def test_bot_suite_plays_the_games_the_arena_always_played(bots_report: dict[str, Any]) -> None:
+    # Pinned from the arena's own process-pool engine before it became a caller of the suite
+    # (`run_arena(ArenaConfig("dumbbot", "random", games=7, max_year=1902, seed=5))`): seating and
+    # seeds must not move, or every published figure would stop being reproducible.
+    assert bots_report["hero_centres_per_game"] == [7, 7, 8, 9, 6, 9, 6]
+    assert [g["category"] for g in bots_report["per_game"]] == ["top"] * 7
+    assert [round(g["hero_sum_of_squares"], 4) for g in bots_report["per_game"]] == [
+        41.1765, 36.8421, 53.3333, 57.0423, 24.8276, 57.0423, 27.9070
+    ]  # fmt: skip
 
 
 def test_report_is_well_formed(bots_report: dict[str, Any]) -> None:
@@ -49,7 +53,8 @@ def test_report_is_well_formed(bots_report: dict[str, Any]) -> None:
 
 
 def test_llm_seats_of_all_games_share_one_call_per_phase(recording_client: RecordingClient) -> None:
-    config = SuiteConfig(policy="base", opponents=["bot:random", "main@v2"], games=3, max_year=1901, max_tokens=64)
+    play = GamesConfig(games=3, max_year=1901, max_tokens=64)
+    config = SuiteConfig(policy="base", opponents=["bot:random", "main@v2"], play=play)
     report = run_suite(config, recording_client)
     calls = recording_client.calls
     # Every game plays the same 1901 phases (S, F movement; W adjustments when someone builds), so
@@ -73,9 +78,8 @@ def test_llm_seats_of_all_games_share_one_call_per_phase(recording_client: Recor
 
 
 def test_unseeded_suites_send_no_seed(recording_client: RecordingClient) -> None:
-    config = SuiteConfig(
-        policy="base", opponents=["bot:random"], games=1, max_year=1901, max_tokens=64, sampling_seed=None
-    )
+    play = GamesConfig(games=1, max_year=1901, max_tokens=64, sampling_seed=None)
+    config = SuiteConfig(policy="base", opponents=["bot:random"], play=play)
     run_suite(config, recording_client)
     assert all(r.sample_seed is None for call in recording_client.calls for r in call)
 
@@ -84,20 +88,54 @@ def test_another_sampling_stream_redraws_the_same_games() -> None:
     assert request_seed(5, "FRANCE", "S1901M", 0) == request_seed(5, "FRANCE", "S1901M")
     assert request_seed(5, "FRANCE", "S1901M", 1) != request_seed(5, "FRANCE", "S1901M", 0)
     with pytest.raises(ValueError, match="sampling_seed"):
-        SuiteConfig(sampling_seed=-1)
+        GamesConfig(sampling_seed=-1)
 
 
 def test_llm_seats_without_a_client_are_a_clear_error() -> None:
     with pytest.raises(ValueError, match="PolicyClient"):
-        run_suite(SuiteConfig(policy="base", opponents=["bot:random"], games=1, max_year=1901))
+        run_suite(SuiteConfig(policy="base", opponents=["bot:random"], play=GamesConfig(games=1, max_year=1901)))
 
 
 def test_workers_do_not_change_results() -> None:
-    one = run_suite(SuiteConfig(policy="bot:random", opponents=["bot:random"], games=4, max_year=1901, seed=2))
-    two = run_suite(
-        SuiteConfig(policy="bot:random", opponents=["bot:random"], games=4, max_year=1901, seed=2, workers=2)
-    )
+    play = GamesConfig(games=4, max_year=1901, seed=2)
+    one = run_suite(SuiteConfig(policy="bot:random", opponents=["bot:random"], play=play))
+    two = run_suite(SuiteConfig(policy="bot:random", opponents=["bot:random"], play=play, workers=2))
     assert one["per_game"] == two["per_game"]
+
+
+def test_several_bot_suites_share_one_run_and_keep_their_own_games() -> None:
+    play = GamesConfig(games=3, max_year=1901, seed=7, critical_supports=False)
+    configs = [SuiteConfig(policy=f"bot:{hero}", opponents=["bot:random"], play=play) for hero in ("hold", "random")]
+    together = run_suites(configs, progress=False)
+    alone = [run_suite(config) for config in configs]
+
+    def games(report: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in g.items() if k != "suite"} for g in report["per_game"]]
+
+    assert [games(r) for r in together] == [games(r) for r in alone]
+    assert [r["label"] for r in together] == ["bot:hold vs bot:random", "bot:random vs bot:random"]
+    assert together[0]["timing"]["suites_in_one_run"] == 2
+
+
+def test_a_failing_bot_game_names_the_game(monkeypatch: pytest.MonkeyPatch) -> None:
+    from diprl.eval import suite
+
+    def broken(spec: suite.GameSpec) -> Any:
+        raise KeyError("engine state")
+        yield  # a generator, as the real job is
+
+    monkeypatch.setattr(suite, "play_game", broken)
+    with pytest.raises(RuntimeError, match=r"game 0 of suite 0 \(seed 0, hero AUSTRIA\) failed: KeyError"):
+        run_suite(SuiteConfig(policy="bot:random", opponents=["bot:random"], play=GamesConfig(games=1, max_year=1901)))
+
+
+def test_games_config_is_kept_alone_and_checked() -> None:
+    from diprl.eval.config import EvaluateConfig
+
+    config = SuiteConfig(play=EvaluateConfig(policy="bot:hold", games=7, out="elsewhere"))
+    assert type(config.play) is GamesConfig and config.play.games == 7  # only the games part is kept
+    with pytest.raises(TypeError, match="GamesConfig"):
+        SuiteConfig(play={"games": 7})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -107,17 +145,30 @@ def test_workers_do_not_change_results() -> None:
         ({"policy": "main@v0"}, "unknown PolicyRef"),
         ({"opponents": ["bot:random", "main"]}, "unknown PolicyRef"),
         ({"opponents": []}, "at least one"),
-        ({"games": 0}, "games"),
-        ({"max_year": 1800}, "max_year"),
-        ({"temperature": -0.5}, "temperature"),
-        ({"temperature": float("nan")}, "temperature"),
-        ({"replays": 3, "games": 2}, "replays"),
-        ({"replays": 1}, "replay_dir"),
+        ({"workers": 0}, "workers"),
+        ({"play": GamesConfig(replays=1)}, "replay_dir"),
     ],
 )
 def test_bad_suite_options_are_clear_errors(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         SuiteConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"games": 0}, "games"),
+        ({"max_year": 1800}, "max_year"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"replays": 3, "games": 2}, "replays"),
+        ({"sampling_seed": True}, "sampling_seed"),
+    ],
+)
+def test_bad_games_are_clear_errors(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        GamesConfig(**kwargs)
 
 
 def test_unknown_refs_have_their_own_error_type() -> None:
