@@ -212,11 +212,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def process_group_options(use_gpu: bool, local_rank: int) -> dict[str, Any]:
+    """Backend of the learner's process group and, on GPUs, its device.
+
+    NCCL is told its device: given none, it guesses one from the global rank ("Guessing device ID
+    based on global rank"), which is wrong once ranks span nodes.
+    """
+    if not use_gpu:
+        return {"backend": "gloo"}
+    return {"backend": "nccl", "device_id": torch.device("cuda", local_rank)}
+
+
 def init_distributed(use_gpu: bool) -> None:
     """A one-process torch.distributed group for DeepSpeed (gloo on CPU, NCCL on GPU), once per process.
 
     On CPU nothing is compiled: DeepSpeed's shared-memory collective would build a C++ op on first
-    use (about a minute), so it is switched off; gloo does the (trivial, one-rank) reductions.
+    use (about a minute), so it is switched off; gloo does the (trivial, one-rank) reductions. The
+    group is created here (DeepSpeed's initialiser takes no device) and DeepSpeed adopts it.
     """
     import deepspeed
 
@@ -236,8 +248,12 @@ def init_distributed(use_gpu: bool) -> None:
         # one-rank group talks to itself over loopback.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     rendezvous = Path(tempfile.mkdtemp(prefix="diprl-learner-")) / "rendezvous"
+    options = process_group_options(use_gpu, int(os.environ["LOCAL_RANK"]))
+    if use_gpu:
+        torch.cuda.set_device(options["device_id"])
+    torch.distributed.init_process_group(init_method=rendezvous.as_uri(), rank=0, world_size=1, **options)
     deepspeed.init_distributed(
-        dist_backend="nccl" if use_gpu else "gloo",
+        dist_backend=options["backend"],
         auto_mpi_discovery=False,
         verbose=False,
         init_method=rendezvous.as_uri(),
