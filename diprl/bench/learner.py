@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +126,15 @@ def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+@dataclass
 class _Path:
     """What one path of the benchmark measured over the timed rounds."""
 
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.cpu_times: list[float] = []  # this process's CPU seconds (all threads): robust to a shared machine
-        self.forwarded: list[int] = []
-        self.splits: dict[str, list[float]] = {k: [] for k in SPLITS}
-        self.peak_cuda_gib = 0.0
+    times: list[float] = field(default_factory=list)
+    cpu_times: list[float] = field(default_factory=list)  # CPU seconds, all threads: steadier on a shared machine
+    forwarded: list[int] = field(default_factory=list)
+    splits: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SPLITS})
+    peak_cuda_gib: float = 0.0
 
 
 def run(args: argparse.Namespace) -> dict[str, float]:
