@@ -1,20 +1,29 @@
-"""Learner benchmark: throughput of full GRPO steps next to a bare PEFT training loop on the same batches.
+"""Learner benchmark: full GRPO steps with and without shared prefixes, next to a bare loop, on the same batches.
 
     python -m diprl.bench learner [--groups 4] [--forks 8] [--steps 4] [--lagged 0.0] [--model tiny]
+        [--micro-batch-tokens 8192] [--prefix-min-tokens 16] [--gradient-checkpointing] [--bf16]
 
 Groups come from mid-game movement states (8+ units) with the uniform constrained sampler's
-completions and random +-1 advantages. Each timed round runs one full `Learner.train_step` (mask
-rebuild, recompute passes, DeepSpeed ZeRO-2 forward/backward with accumulation, optimiser, EMA,
-publishing every step, one checkpoint in the run) and one step of a bare loop on a second copy of
-the model: PEFT forward over the same padded micro-batches, plain (unmasked) log-softmax of the
-completion tokens, advantage-weighted NLL, backward, grad-norm clip, torch AdamW. Rounds alternate,
-so both see the same machine load.
+completions and random +-1 advantages. Each timed round runs, on the same groups:
+
+- one full `Learner.train_step` with shared prefixes (`learner.prefix_sharing`, the default: each
+  micro-batch is a prefix tree forwarded as one sequence) and one without (one padded row per
+  record), in alternating order, so each path takes the recompute pass under the previous version's
+  weights in half of the rounds (the second step of a round trains groups one version old). A step
+  is everything: mask rebuild, recompute passes, DeepSpeed ZeRO-2 forward/backward with
+  accumulation, optimiser, EMA, publishing every step, one checkpoint in the run;
+- one step of a bare loop on the shared path's micro-batches: PEFT forward, plain (unmasked)
+  log-softmax of the completion tokens, advantage-weighted NLL, backward, grad-norm clip, torch AdamW.
+  It trains a LoRA adapter of its own added to the learner's model for its step (and removed after,
+  so the learner never publishes or checkpoints it): the frozen base is shared, never copied.
 
 `--lagged` is the fraction of groups sampled by the previous version: those need the recompute
 pass under that version's weights (the price of a correct ratio under policy lag).
 
-Tokens are prompt + completion tokens processed (unpadded), the same count for both loops. Last line:
-`learner_tokens_per_s=<x> learner_efficiency=<learner tokens/s / bare tokens/s>`.
+Tokens are prompt + completion tokens of the records (unpadded), the same count for every path; the
+tokens each path forwards are printed beside. Last line: `learner_tokens_per_s=<shared>
+learner_unshared_tokens_per_s=<x> learner_efficiency=<shared learner / bare> prefix_share_speedup=<shared
+/ unshared>`.
 """
 
 from __future__ import annotations
@@ -26,10 +35,14 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries
+
+BARE_ADAPTER = "bare"
+SPLITS = ("time_recompute_s", "time_fwd_bwd_s", "time_optimizer_s", "time_publish_s", "time_checkpoint_s")
 
 
 def make_groups(
@@ -67,34 +80,58 @@ def make_groups(
 
 
 class BareLoop:
-    """PEFT + torch AdamW, nothing else: the yardstick for the learner's overheads."""
+    """PEFT + torch AdamW, nothing else, on the learner's own model: the yardstick for the learner's overheads.
 
-    def __init__(self, preset: Any, config: Any) -> None:
+    Each step adds a fresh LoRA adapter of the learner's shape to the learner's PEFT model, trains it
+    (the learner's adapter inactive, so its weights, gradients and DeepSpeed hooks are untouched) and
+    removes it. Its weights start fresh every step: the cost of a step does not depend on their values.
+    """
+
+    def __init__(self, learner: Any) -> None:
+        self.learner = learner
+
+    def step(self, batches: list[Any]) -> tuple[float, float]:
+        """(wall, CPU) seconds of one forward/backward/clip/AdamW step on `batches` (adapter set-up not counted)."""
         import torch
 
-        from diprl.learn.model import CompletionHidden, build_peft_model
-
-        self.module = CompletionHidden(build_peft_model(preset, config))
-        self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=0.0)
-        self.config = config
-
-    def step(self, batches: list[Any]) -> None:
-        import torch
-
-        total = sum(mb.num_tokens for mb in batches)
-        for mb in batches:
-            hidden = self.module(mb.input_ids, mb.attention_mask, mb.rows, mb.cols)
-            logits = torch.nn.functional.linear(hidden, self.module.lm_head_weight).float()
-            logp = torch.log_softmax(logits, dim=-1).gather(1, mb.targets.unsqueeze(-1)).squeeze(-1)
-            (-(mb.advantages * logp).sum() / total).backward()
-        torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        peft = self.learner.peft
+        peft.add_adapter(BARE_ADAPTER, peft.peft_config["default"])
+        try:
+            peft.set_adapter(BARE_ADAPTER)
+            params = [p for n, p in peft.named_parameters() if p.requires_grad and f".{BARE_ADAPTER}." in n]
+            optimizer = torch.optim.AdamW(params, lr=self.learner.config.lr, weight_decay=0.0)
+            module = self.learner.module
+            total = sum(mb.num_tokens for mb in batches)
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            for mb in batches:
+                hidden = module(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.prefix)
+                logits = torch.nn.functional.linear(hidden, module.lm_head_weight).float()
+                logp = torch.log_softmax(logits, dim=-1).gather(1, mb.targets.unsqueeze(-1)).squeeze(-1)
+                (-(mb.advantages * logp).sum() / total).backward()
+            torch.nn.utils.clip_grad_norm_(params, self.learner.config.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0, time.process_time() - cpu0
+        finally:
+            peft.set_adapter("default")
+            peft.delete_adapter(BARE_ADAPTER)
 
 
 def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+@dataclass
+class _Path:
+    """What one path of the benchmark measured over the timed rounds."""
+
+    times: list[float] = field(default_factory=list)
+    cpu_times: list[float] = field(default_factory=list)  # CPU seconds, all threads: steadier on a shared machine
+    forwarded: list[int] = field(default_factory=list)
+    splits: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SPLITS})
+    peak_cuda_gib: float = 0.0
 
 
 def run(args: argparse.Namespace) -> dict[str, float]:
@@ -107,95 +144,123 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     from diprl.policy.models import resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
 
-    # One tick per learner step (the first is the untimed warm-up), after the model loads.
-    bar = progress_bar(args.steps + 1, "learner steps", bar_enabled(args.quiet), "step")
+    cuda = torch.cuda.is_available()
+    # One tick per round (the first is the untimed warm-up), after the model loads.
+    bar = progress_bar(args.steps + 1, "learner rounds", bar_enabled(args.quiet), "round")
     states = mid_game_states(args.groups * (args.steps + 1), seed=args.seed)
+    paths = {"shared": _Path(), "unshared": _Path(), "bare": _Path()}
     with bar, tempfile.TemporaryDirectory(prefix="diprl-bench-learner-") as tmp:
         config = LearnerConfig(
             model=args.model,
             micro_batch_tokens=args.micro_batch_tokens,
             groups_per_step=args.groups,
-            checkpoint_every=args.steps + 1,  # one checkpoint, in the last timed round
+            checkpoint_every=2 * (args.steps + 1),  # one checkpoint, in the last timed round
             publish_every=1,
-            max_policy_lag=2,
+            max_policy_lag=4,  # a round's second step sees its groups one version older
             kl_coef=args.kl_coef,
-            use_gpu=torch.cuda.is_available(),
+            use_gpu=cuda,
             bf16=args.bf16,
+            gradient_checkpointing=args.gradient_checkpointing,
+            prefix_sharing=True,
+            prefix_min_tokens=args.prefix_min_tokens,
         )
         learner = Learner(config, Path(tmp) / "run", Path(tmp) / "adapters")
         tokenizer = load_tokenizer(resolve_model_path(learner.preset))
-        bare = BareLoop(learner.preset, config)
-        if config.use_gpu:
-            bare.module.cuda()
-        prepare_time = 0.0
-        learner_times: list[float] = []
-        bare_times: list[float] = []
-        splits: dict[str, list[float]] = {}
+        bare = BareLoop(learner)
+        published = [learner.latest_version()]
         tokens_per_step: list[int] = []
-        previous = learner.latest_version()
+        completion_per_step: list[int] = []
+        prepare_time = 0.0
         for round_ in range(args.steps + 1):
-            current = learner.latest_version()
+            current, previous = published[-1], published[-2] if len(published) > 1 else published[-1]
             n_lagged = round(args.lagged * args.groups)
             versions = [previous] * n_lagged + [current] * (args.groups - n_lagged)
             chunk = states[round_ * args.groups : (round_ + 1) * args.groups]
             groups = make_groups(chunk, args.forks, versions, learner.table, tokenizer, seed=args.seed + round_)
-            records = [r for g in groups for r in g["records"]]
+            records = [r for g in groups for r in g.records]
             t0 = time.perf_counter()
             prepared = learner._prepare(records, rl=True)
             prepare_time = time.perf_counter() - t0
             batches = [
-                mb.to(learner.device) for _, mb in micro_batches(prepared, config.micro_batch_tokens, 1, learner.pad_id)
+                mb.to(learner.device)
+                for _, mb in micro_batches(
+                    prepared, config.micro_batch_tokens, 1, learner.pad_id, config.prefix_min_tokens
+                )
             ]
-            tokens = sum(r.length for r in prepared)
-            t0 = time.perf_counter()
-            bare.step(batches)
-            bare_s = time.perf_counter() - t0
-            previous = current
-            t0 = time.perf_counter()
-            metrics = learner.train_step(groups)
-            learner_s = time.perf_counter() - t0
+            timed = round_ > 0  # the first round warms up
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            bare_s, bare_cpu = bare.step(batches)
+            if timed:
+                paths["bare"].times.append(bare_s)
+                paths["bare"].cpu_times.append(bare_cpu)
+                paths["bare"].forwarded.append(sum(mb.padded_tokens for mb in batches))
+                if cuda:
+                    paths["bare"].peak_cuda_gib = max(
+                        paths["bare"].peak_cuda_gib, torch.cuda.max_memory_allocated() / 2**30
+                    )
+            order = ("shared", "unshared") if round_ % 2 == 0 else ("unshared", "shared")
+            for name in order:
+                learner.config.prefix_sharing = name == "shared"
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                t0, cpu0 = time.perf_counter(), time.process_time()
+                metrics = learner.train_step(groups)
+                elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                if not metrics.trained:
+                    raise RuntimeError(f"the {name} learner step trained nothing: {metrics}")
+                published.append(learner.latest_version())
+                if timed:
+                    path = paths[name]
+                    path.times.append(elapsed)
+                    path.cpu_times.append(cpu)
+                    path.forwarded.append(int(metrics.metrics["padded_tokens"]))
+                    for key in SPLITS:
+                        path.splits[key].append(float(metrics.metrics[key]))
+                    if cuda:
+                        path.peak_cuda_gib = max(path.peak_cuda_gib, torch.cuda.max_memory_allocated() / 2**30)
+            learner.config.prefix_sharing = True
+            if timed:
+                tokens_per_step.append(sum(r.length for r in prepared))
+                completion_per_step.append(sum(len(r.completion_ids) for r in prepared))
             bar.update()
-            if round_ == 0:
-                continue  # warm-up
-            learner_times.append(learner_s)
-            bare_times.append(bare_s)
-            tokens_per_step.append(tokens)
-            for key in (
-                "time_recompute_s",
-                "time_fwd_bwd_s",
-                "time_optimizer_s",
-                "time_publish_s",
-                "time_checkpoint_s",
-            ):
-                splits.setdefault(key, []).append(float(metrics.metrics[key]))
         learner.engine.destroy()
     total_tokens = sum(tokens_per_step)
-    learner_tps = total_tokens / sum(learner_times)
-    bare_tps = total_tokens / sum(bare_times)
-    out = {
+    out: dict[str, float] = {
         "tokens_per_step": statistics.fmean(tokens_per_step),
-        "learner_step_s": statistics.fmean(learner_times),
-        "bare_step_s": statistics.fmean(bare_times),
-        "learner_tokens_per_s": learner_tps,
-        "bare_tokens_per_s": bare_tps,
-        "efficiency": learner_tps / bare_tps,
+        "completion_tokens_per_step": statistics.fmean(completion_per_step),
         "mask_rebuild_s": prepare_time,
         "peak_rss_gib": _peak_rss_gib(),
-        **{k: statistics.fmean(v) for k, v in splits.items()},
     }
-    if torch.cuda.is_available():
-        out["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    for name, path in paths.items():
+        out[f"{name}_step_s"] = statistics.fmean(path.times)
+        out[f"{name}_tokens_per_s"] = total_tokens / sum(path.times)
+        out[f"{name}_cpu_s"] = statistics.fmean(path.cpu_times)
+        out[f"{name}_forwarded_per_step"] = statistics.fmean(path.forwarded)
+        for key, values in path.splits.items():
+            if values:
+                out[f"{name}_{key}"] = statistics.fmean(values)
+        if cuda:
+            out[f"{name}_peak_cuda_gib"] = path.peak_cuda_gib
+    out["efficiency"] = out["shared_tokens_per_s"] / out["bare_tokens_per_s"]
+    out["prefix_share_speedup"] = out["shared_tokens_per_s"] / out["unshared_tokens_per_s"]
     return out
+
+
+def _split_line(r: dict[str, float], name: str) -> str:
+    return ", ".join(f"{key[5:-2]} {r[f'{name}_{key}']:.3f}" for key in SPLITS)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench learner", description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=4, help="groups per step")
     parser.add_argument("--forks", type=int, default=8, help="completions per group")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up step)")
+    parser.add_argument("--steps", type=int, default=4, help="timed rounds (after one warm-up round)")
     parser.add_argument("--lagged", type=float, default=0.0, help="fraction of groups from the previous version")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds the EMA reference pass")
-    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
+    parser.add_argument("--micro-batch-tokens", type=int, default=8192, help="tokens forwarded per micro-batch")
+    parser.add_argument("--prefix-min-tokens", type=int, default=16, help="shortest prefix the shared path shares")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
@@ -204,19 +269,41 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries(args.verbose)
     if not 0 <= args.lagged <= 1 or args.steps < 1 or args.groups < 1 or args.forks < 1:
         parser.error("need --steps, --groups, --forks >= 1 and 0 <= --lagged <= 1")
+    if args.prefix_min_tokens < 1:
+        parser.error("need --prefix-min-tokens >= 1")
     r = run(args)
     print(
-        f"{args.groups} groups x {args.forks} forks per step, {r['tokens_per_step']:.0f} tokens per step, "
-        f"{args.steps} timed steps"
+        f"{args.groups} groups x {args.forks} forks per step, {r['tokens_per_step']:.0f} tokens per step "
+        f"({r['completion_tokens_per_step']:.0f} of them completion), {args.steps} timed rounds"
     )
-    print(f"learner step: {r['learner_step_s']:.3f} s ({r['learner_tokens_per_s']:.0f} tokens/s)")
-    print(f"bare PEFT + AdamW step: {r['bare_step_s']:.3f} s ({r['bare_tokens_per_s']:.0f} tokens/s)")
-    print("learner step split (mean s): " + ", ".join(f"{k[5:-2]} {r[k]:.3f}" for k in r if k.startswith("time_")))
     print(
-        f"peak RSS {r['peak_rss_gib']:.2f} GiB"
-        + (f", peak CUDA {r['peak_cuda_gib']:.2f} GiB" if "peak_cuda_gib" in r else "")
+        f"forwarded per step: {r['shared_forwarded_per_step']:.0f} tokens with shared prefixes, "
+        f"{r['unshared_forwarded_per_step']:.0f} without (padded rows)"
     )
-    print(f"learner_tokens_per_s={r['learner_tokens_per_s']:.1f} learner_efficiency={r['efficiency']:.3f}")
+    print(f"learner step, shared prefixes: {r['shared_step_s']:.3f} s ({r['shared_tokens_per_s']:.0f} tokens/s)")
+    print(f"learner step, unshared: {r['unshared_step_s']:.3f} s ({r['unshared_tokens_per_s']:.0f} tokens/s)")
+    print(
+        f"bare PEFT + AdamW step (shared micro-batches): {r['bare_step_s']:.3f} s "
+        f"({r['bare_tokens_per_s']:.0f} tokens/s)"
+    )
+    if "shared_peak_cuda_gib" not in r:
+        print(
+            f"CPU seconds per step (all threads): shared {r['shared_cpu_s']:.3f}, unshared {r['unshared_cpu_s']:.3f}, "
+            f"bare {r['bare_cpu_s']:.3f} (unshared / shared {r['unshared_cpu_s'] / r['shared_cpu_s']:.2f})"
+        )
+    print(f"learner step split, shared (mean s): {_split_line(r, 'shared')}")
+    print(f"learner step split, unshared (mean s): {_split_line(r, 'unshared')}")
+    cuda = ", ".join(
+        f"{name} {r[f'{name}_peak_cuda_gib']:.2f}"
+        for name in ("shared", "unshared", "bare")
+        if f"{name}_peak_cuda_gib" in r
+    )
+    print(f"peak RSS {r['peak_rss_gib']:.2f} GiB" + (f"; peak CUDA GiB: {cuda}" if cuda else ""))
+    print(
+        f"learner_tokens_per_s={r['shared_tokens_per_s']:.1f} "
+        f"learner_unshared_tokens_per_s={r['unshared_tokens_per_s']:.1f} "
+        f"learner_efficiency={r['efficiency']:.3f} prefix_share_speedup={r['prefix_share_speedup']:.3f}"
+    )
     return 0
 
 

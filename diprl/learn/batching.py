@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from diprl.game.legal import PowerOrders
+from diprl.learn.prefix import PrefixLayout, build_tree, pack_shared, packed_layout
 from diprl.messages import TrainingRecord
 from diprl.policy.constraint import ConstraintViolation, OrderConstraint
 from diprl.policy.vocab import TokenTable
@@ -164,13 +165,15 @@ def pack_by_tokens(lengths: Sequence[int], budget: int, min_batches: int = 1) ->
 
 @dataclass
 class MicroBatch:
-    """Right-padded sequences plus the flat per-completion-token view the loss works on.
+    """The model's input plus the flat per-completion-token view the loss works on.
 
+    Unshared: right-padded rows, one per record (`attention_mask` marks the real tokens). Shared:
+    one packed prefix tree (`prefix` holds its positions and attention blocks, `diprl.learn.prefix`).
     `rows`/`cols` locate the hidden state that predicts each completion token (position before it).
     """
 
-    input_ids: torch.Tensor  # [B, L]
-    attention_mask: torch.Tensor  # [B, L]
+    input_ids: torch.Tensor  # [B, L] unshared, [1, N] shared
+    attention_mask: torch.Tensor | None  # [B, L] unshared, None shared
     rows: torch.Tensor  # [N]
     cols: torch.Tensor  # [N]
     targets: torch.Tensor  # [N]
@@ -181,6 +184,7 @@ class MicroBatch:
     logp_old: torch.Tensor  # [N], NaN where the current weights are the behaviour weights
     logp_ref: torch.Tensor  # [N], NaN where no reference was computed
     record_slices: list[tuple[int, int]]  # [start, end) of each record's tokens in the flat view
+    prefix: PrefixLayout | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -188,6 +192,7 @@ class MicroBatch:
 
     @property
     def padded_tokens(self) -> int:
+        """Tokens forwarded: padding included in the unshared path, each shared prefix once in the shared one."""
         return int(self.input_ids.numel())
 
     def to(self, device: torch.device | str) -> MicroBatch:
@@ -195,7 +200,6 @@ class MicroBatch:
             k: getattr(self, k).to(device)
             for k in (
                 "input_ids",
-                "attention_mask",
                 "rows",
                 "cols",
                 "targets",
@@ -206,16 +210,24 @@ class MicroBatch:
                 "logp_ref",
             )
         }
-        return MicroBatch(**move, allowed=self.allowed, record_slices=self.record_slices)
+        return MicroBatch(
+            **move,
+            attention_mask=self.attention_mask.to(device) if self.attention_mask is not None else None,
+            allowed=self.allowed,
+            record_slices=self.record_slices,
+            prefix=self.prefix.to(device) if self.prefix is not None else None,
+        )
 
 
-def collate(records: Sequence[PreparedRecord], pad_id: int) -> MicroBatch:
-    """Right-pad `records` into one micro-batch (right padding leaves every real token's attention unchanged)."""
-    width = max(r.length for r in records)
-    input_ids = torch.full((len(records), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(records), width), dtype=torch.long)
-    rows: list[int] = []
-    cols: list[int] = []
+def _token_view(
+    records: Sequence[PreparedRecord],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    rows: list[int],
+    cols: list[int],
+    prefix: PrefixLayout | None = None,
+) -> MicroBatch:
+    """The micro-batch around `input_ids`, given where each record's completion tokens are predicted (in order)."""
     targets: list[int] = []
     temps: list[float] = []
     allowed: list[np.ndarray] = []
@@ -224,26 +236,21 @@ def collate(records: Sequence[PreparedRecord], pad_id: int) -> MicroBatch:
     logp_old: list[float] = []
     logp_ref: list[float] = []
     slices: list[tuple[int, int]] = []
-    for b, r in enumerate(records):
-        ids = r.prompt_ids + r.completion_ids
-        input_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention[b, : len(ids)] = 1
+    for r in records:
         start = len(targets)
-        p = len(r.prompt_ids)
-        rows.extend([b] * len(r.completion_ids))
-        cols.extend(range(p - 1, p - 1 + len(r.completion_ids)))
+        n = len(r.completion_ids)
         targets.extend(r.completion_ids)
-        temps.extend([r.temperature] * len(r.completion_ids))
+        temps.extend([r.temperature] * n)
         allowed.extend(r.allowed)
         behaviour.extend(r.behaviour)
         advantages.extend(r.advantages)
-        nan = [float("nan")] * len(r.completion_ids)
+        nan = [float("nan")] * n
         logp_old.extend(r.logp_old if r.logp_old is not None else nan)
         logp_ref.extend(r.logp_ref if r.logp_ref is not None else nan)
         slices.append((start, len(targets)))
     return MicroBatch(
         input_ids=input_ids,
-        attention_mask=attention,
+        attention_mask=attention_mask,
         rows=torch.tensor(rows, dtype=torch.long),
         cols=torch.tensor(cols, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
@@ -254,12 +261,58 @@ def collate(records: Sequence[PreparedRecord], pad_id: int) -> MicroBatch:
         logp_old=torch.tensor(logp_old, dtype=torch.float32),
         logp_ref=torch.tensor(logp_ref, dtype=torch.float32),
         record_slices=slices,
+        prefix=prefix,
     )
 
 
+def collate(records: Sequence[PreparedRecord], pad_id: int) -> MicroBatch:
+    """Right-pad `records` into one micro-batch (right padding leaves every real token's attention unchanged)."""
+    width = max(r.length for r in records)
+    input_ids = torch.full((len(records), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(records), width), dtype=torch.long)
+    rows: list[int] = []
+    cols: list[int] = []
+    for b, r in enumerate(records):
+        ids = r.prompt_ids + r.completion_ids
+        input_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[b, : len(ids)] = 1
+        p = len(r.prompt_ids)
+        rows.extend([b] * len(r.completion_ids))
+        cols.extend(range(p - 1, p - 1 + len(r.completion_ids)))
+    return _token_view(records, input_ids, attention, rows, cols)
+
+
+def shared_inputs(records: Sequence[PreparedRecord]) -> list[np.ndarray]:
+    """What the shared path forwards per record: prompt and completion, less the last token (it predicts nothing)."""
+    return [np.asarray(r.prompt_ids + r.completion_ids[:-1], dtype=np.int64) for r in records]
+
+
+def collate_shared(records: Sequence[PreparedRecord], min_prefix_tokens: int) -> MicroBatch:
+    """`records` as one packed prefix tree: every shared prefix (of `min_prefix_tokens` or more) forwarded once."""
+    inputs = shared_inputs(records)
+    tree = build_tree(inputs, min_prefix_tokens)
+    input_ids, layout = packed_layout(tree, inputs)
+    cols: list[int] = []
+    for i, r in enumerate(records):
+        p = len(r.prompt_ids)
+        cols.extend(tree.flat_positions(i, range(p - 1, p - 1 + len(r.completion_ids))))
+    return _token_view(records, input_ids, None, [0] * len(cols), cols, layout)
+
+
 def micro_batches(
-    records: Sequence[PreparedRecord], budget: int, min_batches: int, pad_id: int
+    records: Sequence[PreparedRecord],
+    budget: int,
+    min_batches: int,
+    pad_id: int,
+    min_prefix_tokens: int | None = None,
 ) -> list[tuple[list[int], MicroBatch]]:
-    """(record indices, micro-batch) for every micro-batch of one optimiser step."""
-    groups = pack_by_tokens([r.length for r in records], budget, min_batches)
-    return [(idx, collate([records[i] for i in idx], pad_id)) for idx in groups if idx]
+    """(record indices, micro-batch) for every micro-batch of one optimiser step.
+
+    `min_prefix_tokens` None: padded rows, `budget` counting padding. Otherwise packed prefix trees,
+    `budget` counting the tokens of each tree (what is forwarded).
+    """
+    if min_prefix_tokens is None:
+        groups = pack_by_tokens([r.length for r in records], budget, min_batches)
+        return [(idx, collate([records[i] for i in idx], pad_id)) for idx in groups if idx]
+    runs = pack_shared(shared_inputs(records), budget, min_batches, min_prefix_tokens)
+    return [(idx, collate_shared([records[i] for i in idx], min_prefix_tokens)) for idx in runs]

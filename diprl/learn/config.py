@@ -19,8 +19,9 @@ class LearnerConfig:
 
     Batching: a step takes the records of the groups it is given (the driver pulls `groups_per_step`
     groups from the queue), drops stale ones, and packs the rest into micro-batches of at most
-    `micro_batch_tokens` padded tokens (prompt + completion), at least `grad_accum` of them; gradients
-    accumulate over all of them and the optimiser steps once.
+    `micro_batch_tokens` forwarded tokens (with `prefix_sharing`, each shared prefix counts once;
+    without, padded rows of prompt + completion), at least `grad_accum` of them; gradients accumulate
+    over all of them and the optimiser steps once.
     """
 
     policy: str = "main"  # trained policy name: versions are published as "<policy>@v<N>"
@@ -32,7 +33,7 @@ class LearnerConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     groups_per_step: int = 8  # what the train driver pulls from the queue per train_step
-    micro_batch_tokens: int = 8192  # padded tokens per forward/backward: the memory knob
+    micro_batch_tokens: int = 8192  # tokens forwarded per forward/backward: the memory knob
     grad_accum: int = 1  # minimum micro-batches per optimiser step (records balanced over them by tokens)
     clip_low: float = 0.2  # PPO ratio floor 1 - clip_low (for negative advantages)
     clip_high: float = 0.28  # PPO ratio ceiling 1 + clip_high (clip-higher: room for rare good tokens to rise)
@@ -56,6 +57,13 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     use_gpu: bool = False  # the Ray actor asks for one GPU and DeepSpeed uses CUDA + NCCL
     logprob_chunk_tokens: int = 512  # completion positions whose full-vocabulary logits exist at once
+    # Forward each prefix that a micro-batch's sequences share once (a prefix tree packed into one
+    # sequence): the G forks of a group share their prompt, the powers of a phase the rules and the
+    # board. False: one padded row per record (the same numbers, several times the tokens).
+    prefix_sharing: bool = True
+    # A shared stretch shorter than this is repeated in each sequence instead: it would save little
+    # and cost an attention block of its own.
+    prefix_min_tokens: int = 16
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -90,6 +98,7 @@ class LearnerConfig:
             self.zero_stage in (0, 1, 2), f"zero_stage must be 0, 1 or 2 (LoRA needs no ZeRO-3), got {self.zero_stage}"
         )
         need(self.ranks >= 1, f"ranks must be >= 1, got {self.ranks}")
+        need(self.prefix_min_tokens >= 1, f"prefix_min_tokens must be >= 1, got {self.prefix_min_tokens}")
         need(self.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens must be >= 1, got {self.logprob_chunk_tokens}")
         if problems:
             raise ValueError("invalid learner config: " + "; ".join(problems))

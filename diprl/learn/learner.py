@@ -465,14 +465,17 @@ class Learner:
             logger.error("%s: could not write %d quarantined records (%s)", self.config.policy, len(entries), err)
 
     def _batches(self, prepared: Sequence[PreparedRecord], min_batches: int = 1) -> list[tuple[list[int], MicroBatch]]:
+        """Micro-batches for every forward pass (training, recompute, scoring): prefix trees when sharing."""
+        cfg = self.config
+        min_prefix = cfg.prefix_min_tokens if cfg.prefix_sharing else None
         return [
             (idx, mb.to(self.device))
-            for idx, mb in micro_batches(prepared, self.config.micro_batch_tokens, min_batches, self.pad_id)
+            for idx, mb in micro_batches(prepared, cfg.micro_batch_tokens, min_batches, self.pad_id, min_prefix)
         ]
 
     def _logprobs(self, mb: MicroBatch, with_entropy: bool, grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         module = self.engine if grad else self.module
-        hidden = module(mb.input_ids, mb.attention_mask, mb.rows, mb.cols)
+        hidden = module(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.prefix)
         return completion_logprobs(
             hidden,
             self.module.lm_head_weight,

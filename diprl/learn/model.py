@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from diprl.learn.config import LearnerConfig
+from diprl.learn.prefix import PrefixLayout
+from diprl.learn.prefix_attention import IMPLEMENTATION, use_prefix_attention
 from diprl.policy.logprobs import allowed_mask
 from diprl.policy.models import ModelPreset, resolve_model_path
 
@@ -38,7 +40,8 @@ def build_peft_model(preset: ModelPreset, config: LearnerConfig, adapter_dir: Pa
     """The preset's base model with a LoRA adapter of the preset's shape (fresh, or `adapter_dir`'s weights).
 
     A fresh adapter is PEFT's default initialisation (B = 0), seeded by `config.seed`, so it computes
-    exactly the base model: the first published version plays like `base`.
+    exactly the base model: the first published version plays like `base`. With `prefix_sharing` the
+    model's attention also takes packed prefix trees (`diprl.learn.prefix_attention`).
     """
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -60,6 +63,8 @@ def build_peft_model(preset: ModelPreset, config: LearnerConfig, adapter_dir: Pa
         load_lora_state_(model, read_adapter_dir(adapter_dir, model))
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.prefix_sharing:
+        use_prefix_attention(model.get_base_model())
     return model
 
 
@@ -129,10 +134,25 @@ class CompletionHidden(nn.Module):
         return weight
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        prefix: PrefixLayout | None = None,
     ) -> torch.Tensor:
+        """Padded rows (`attention_mask`), or one packed prefix tree (`prefix`: positions and attention blocks)."""
         backbone = self.peft_model.get_base_model().model
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        if prefix is None:
+            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+            return hidden[rows, cols]
+        if backbone.config._attn_implementation != IMPLEMENTATION:
+            raise RuntimeError("a packed prefix tree needs a model built with prefix_sharing (its attention takes it)")
+        # A mask mapping is used as given: every layer's attention receives the layout itself.
+        masks = {"full_attention": prefix}
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=masks, position_ids=prefix.position_ids, use_cache=False
+        ).last_hidden_state
         return hidden[rows, cols]
 
 
@@ -192,11 +212,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def process_group_options(use_gpu: bool, local_rank: int) -> dict[str, Any]:
+    """Backend of the learner's process group and, on GPUs, its device.
+
+    NCCL is told its device: given none, it guesses one from the global rank ("Guessing device ID
+    based on global rank"), which is wrong once ranks span nodes.
+    """
+    if not use_gpu:
+        return {"backend": "gloo"}
+    return {"backend": "nccl", "device_id": torch.device("cuda", local_rank)}
+
+
 def init_distributed(use_gpu: bool) -> None:
     """A one-process torch.distributed group for DeepSpeed (gloo on CPU, NCCL on GPU), once per process.
 
     On CPU nothing is compiled: DeepSpeed's shared-memory collective would build a C++ op on first
-    use (about a minute), so it is switched off; gloo does the (trivial, one-rank) reductions.
+    use (about a minute), so it is switched off; gloo does the (trivial, one-rank) reductions. The
+    group is created here (DeepSpeed's initialiser takes no device) and DeepSpeed adopts it.
     """
     import deepspeed
 
@@ -216,8 +248,12 @@ def init_distributed(use_gpu: bool) -> None:
         # one-rank group talks to itself over loopback.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     rendezvous = Path(tempfile.mkdtemp(prefix="diprl-learner-")) / "rendezvous"
+    options = process_group_options(use_gpu, int(os.environ["LOCAL_RANK"]))
+    if use_gpu:
+        torch.cuda.set_device(options["device_id"])
+    torch.distributed.init_process_group(init_method=rendezvous.as_uri(), rank=0, world_size=1, **options)
     deepspeed.init_distributed(
-        dist_backend="nccl" if use_gpu else "gloo",
+        dist_backend=options["backend"],
         auto_mpi_discovery=False,
         verbose=False,
         init_method=rendezvous.as_uri(),

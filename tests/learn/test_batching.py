@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diprl.game import DiplomacyGame
-from diprl.learn.batching import collate, pack_by_tokens, prepare_record
+from diprl.learn.batching import collate, collate_shared, pack_by_tokens, prepare_record
 from diprl.learn.model import completion_logprobs
 from diprl.messages import GenerationRequest, TrainingRecord
 from diprl.policy.logprobs import constrained_logprobs
@@ -108,6 +108,24 @@ def test_collate_points_each_target_at_the_position_before_it(table: TokenTable)
         assert mb.input_ids[row, mb.cols[s:e] + 1].tolist() == r.completion_ids
         assert set(mb.rows[s:e].tolist()) == {row}
     assert int(mb.attention_mask.sum()) == a.length + b.length
+
+
+def test_collate_shared_points_each_target_at_the_token_and_position_before_it(table: TokenTable) -> None:
+    records = [prepare_record(_record(table, power, seed=s), table) for power, s in (("FRANCE", 1), ("FRANCE", 2))]
+    records.append(prepare_record(replace(_record(table, seed=3), prompt_ids=[1, 2, 3, 9]), table))  # shares 3 tokens
+    mb = collate_shared(records, min_prefix_tokens=1)
+    assert mb.input_ids.shape[0] == 1 and mb.prefix is not None and mb.attention_mask is None
+    # every distinct prefix of the inputs (prompt + completion less its last token) forwarded once
+    inputs = [r.prompt_ids + r.completion_ids[:-1] for r in records]
+    assert mb.padded_tokens == len({tuple(x[:k]) for x in inputs for k in range(1, len(x) + 1)})
+    assert mb.padded_tokens < sum(len(x) for x in inputs) - 2 * 3
+    positions = mb.prefix.position_ids[0]
+    for (s, e), r in zip(mb.record_slices, records, strict=True):
+        sequence = r.prompt_ids + r.completion_ids
+        before = range(len(r.prompt_ids) - 1, len(sequence) - 1)
+        assert mb.targets[s:e].tolist() == r.completion_ids
+        assert mb.input_ids[0, mb.cols[s:e]].tolist() == [sequence[v] for v in before]
+        assert positions[mb.cols[s:e]].tolist() == list(before)
 
 
 def test_sparse_masked_logprobs_equal_the_dense_reference(table: TokenTable) -> None:

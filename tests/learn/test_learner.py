@@ -105,8 +105,9 @@ def test_one_step_equals_plain_adamw_on_the_token_mean_loss(shared: Learner, tok
     ours, theirs = lora_state(shared.peft), lora_state(reference.peft_model)
     # Adam's first step moves every weight by about lr = 2e-2; float32 summation order differs slightly,
     # and a weight whose gradient is near Adam's eps moves by lr * g / (|g| + eps), so that difference
-    # shows at up to about 1e-3 of the step (2.1e-5 measured with the compact vocabulary's tiny model)
-    assert max(float((ours[k] - theirs[k]).abs().max()) for k in ours) < 5e-5
+    # shows at up to a few 1e-3 of the step: 2.1e-5 and 6.4e-5 measured on two machines with the compact
+    # vocabulary's tiny model (5.7e-5 with shared prefixes). A wrong loss or step is off by ~lr.
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in ours) < 1.5e-4
     for key in (
         "time_recompute_s",
         "time_fwd_bwd_s",

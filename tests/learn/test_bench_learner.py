@@ -1,0 +1,65 @@
+"""The learner benchmark's bare loop shares the learner's model without disturbing it, and the benchmark runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from diprl.bench.learner import BARE_ADAPTER, BareLoop, main
+from diprl.learn.config import LearnerConfig
+from diprl.learn.learner import Learner
+from diprl.learn.model import lora_parameters, lora_state, read_adapter_dir
+from diprl.policy.models import load_preset, resolve_model_path
+from diprl.policy.tokenizer import load_tokenizer
+
+from .groups import make_group, on_policy
+
+
+def test_the_bare_loop_trains_an_adapter_of_its_own_on_the_learners_base(tmp_path: Path) -> None:
+    """Found: the bare loop held a second full copy of the model (an 8B learner ran out of 80 GB)."""
+    learner = Learner(LearnerConfig(lr=1e-2, checkpoint_every=0), tmp_path / "run", tmp_path / "adapters")
+    tokenizer: Any = load_tokenizer(resolve_model_path(load_preset("tiny")))
+    group = on_policy(learner, make_group(learner.table, tokenizer, learner.latest_version(), [1.0, -1.0], seed=3))
+    names = sorted(lora_parameters(learner.peft))
+    before = lora_state(learner.peft)
+    batches = [mb for _, mb in learner._batches(learner._prepare(group.records, rl=True))]
+    seen: dict[str, int] = {}
+
+    def count(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        active = learner.peft.active_adapter
+        seen[active] = seen.get(active, 0) + 1
+
+    hook = learner.module.register_forward_hook(count, with_kwargs=True)
+    try:
+        assert min(BareLoop(learner).step(batches)) > 0
+    finally:
+        hook.remove()
+    assert seen == {BARE_ADAPTER: len(batches)}  # it ran through the learner's own module, its adapter active
+    assert BARE_ADAPTER not in learner.peft.peft_config and learner.peft.active_adapter == "default"
+    assert sorted(lora_parameters(learner.peft)) == names
+    assert all(torch.equal(before[k], v) for k, v in lora_state(learner.peft).items())
+    assert all(p.grad is None for p in lora_parameters(learner.peft).values())
+    metrics = learner.train_step([group])  # and the learner trains and publishes as before
+    assert metrics.trained
+    published = read_adapter_dir(learner.store.resolve(learner.latest_version()).path, learner.peft)
+    assert sorted(published) == names and not any(BARE_ADAPTER in p.name for p in tmp_path.rglob("*"))
+    learner.engine.destroy()
+
+
+def test_the_benchmark_prints_shared_and_unshared_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--steps", "1", "--groups", "1", "--forks", "3", "--quiet", "--gradient-checkpointing"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    last = dict(item.split("=") for item in out[-1].split())
+    assert set(last) == {
+        "learner_tokens_per_s",
+        "learner_unshared_tokens_per_s",
+        "learner_efficiency",
+        "prefix_share_speedup",
+    }
+    assert all(float(v) > 0 for v in last.values())
+    forwarded = next(line for line in out if line.startswith("forwarded per step"))
+    shared, unshared = (int(w) for w in forwarded.replace(",", " ").split() if w.isdigit())
+    assert shared < unshared  # three forks of one prompt: the prompt forwarded once instead of three times
