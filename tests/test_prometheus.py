@@ -32,6 +32,8 @@ def prometheus_config(shipped: Path, service_discovery: Path, interval_s: int) -
     [job] = config["scrape_configs"]
     assert job["file_sd_configs"][0]["files"] == ["/tmp/ray/prom_metrics_service_discovery.json"]
     job["file_sd_configs"][0]["files"] = [str(service_discovery)]
+    assert job["file_sd_configs"][0]["refresh_interval"] == "10s"  # the endpoints change after Prometheus starts
+    job["file_sd_configs"][0]["refresh_interval"] = f"{interval_s}s"
     config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = f"{interval_s}s"
     return config
 

@@ -116,7 +116,7 @@ def test_one_step_equals_plain_adamw_on_the_token_mean_loss(shared: Learner, tok
         "entropy",
         "clip_frac_high",
     ):
-        assert key in metrics
+        assert key in metrics.metrics
 
 
 def test_a_positive_advantage_completion_becomes_more_likely(shared: Learner, tokenizer: Any) -> None:

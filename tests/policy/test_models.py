@@ -175,7 +175,7 @@ def test_preset_values() -> None:
         assert preset.source is ModelSource.hub_or_path and preset.path == hub_id and preset.dtype == "bfloat16"
         assert (preset.lora.rank, preset.lora.alpha) == (16, 32)
         assert preset.lora.target_modules == ALL_LINEAR
-    assert known_presets() == ["qwen3_14b", "qwen3_8b", "small", "tiny"]
+    assert known_presets() == ["qwen3_14b", "qwen3_8b", "small", "tiny", "tiny_qwen"]
 
 
 def test_hydra_composes_the_same_presets() -> None:
