@@ -128,23 +128,26 @@ def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence
     }
 
 
-def warm_start_adapter(out: Path, steps: int = 200) -> str:
+def warm_start_adapter(out: Path, overrides: Sequence[str] = ()) -> str:
     """Imitation of DumbBot (once per output directory): the adapter directory the learner starts from.
 
-    The imitation report names the trained version; without a report (none yet, or a run that
-    stopped part-way, whose store may hold only the learner's untrained first version) it trains.
+    `python -m diprl.imitation` with its defaults (`conf/imitation/default.yaml`) and `overrides`; the
+    teacher data come from the cache when an earlier run made them. The imitation report names the
+    trained version; without a report (none yet, or a run that stopped part-way, whose store may hold
+    only the learner's untrained first version) it trains.
     """
+    from diprl.imitation.config import load_imitate_config
+    from diprl.imitation.run import REPORT
+    from diprl.imitation.run import run as imitate
     from diprl.inference.adapters import AdapterStore
-    from diprl.learn.imitate import ImitateConfig
-    from diprl.learn.imitate import run as imitate
 
     adapters = out / "adapters"
-    report_path = out / "imitate_report.json"
+    report_path = out / REPORT
     if report_path.is_file():
         version = str(json.loads(report_path.read_text())["version"])
     else:
-        config = ImitateConfig(
-            teacher="dumbbot", policy="imitation", steps=steps, out=str(out), adapter_root=str(adapters)
+        config = load_imitate_config(
+            ["learner.policy=imitation", f"out={out}", f"adapter_root={adapters}", "quiet=true", *overrides]
         )
         version = str(imitate(config)["version"])
     return str(AdapterStore(adapters).resolve(version).path)
