@@ -31,7 +31,7 @@ class ImitateConfig:
     data: TeacherConfig = field(default_factory=TeacherConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     steps: int = 200  # optimiser steps (unless `epochs` is set)
-    epochs: float = 0.0  # > 0: passes over the training decisions instead of `steps`
+    epochs: float = 0.0  # > 0: train until this many passes over the training decisions, instead of `steps`
     batch_size: int = 64  # decisions per optimiser step, whole game states (a state is never split)
     max_minutes: float = 0.0  # > 0: stop training after this many minutes (then publish and score)
     out: str = "runs/imitate"  # run directory: the learner's metrics, the report
@@ -56,8 +56,8 @@ class ImitateConfig:
         if problems:
             raise ConfigError("imitation config: " + "; ".join(problems))
 
-    def total_steps(self, train_examples: int) -> int:
-        """Optimiser steps for `train_examples` decisions: `epochs` passes when set, else `steps`."""
+    def expected_steps(self, train_examples: int) -> int:
+        """About how many optimiser steps the run takes (for the progress bar)."""
         if self.epochs > 0:
             return max(1, round(self.epochs * train_examples / self.batch_size))
         return self.steps

@@ -81,17 +81,17 @@ def run(config: ImitateConfig, cache: Path | None = None) -> dict[str, Any]:
     before = evaluate_agreement(learner.peft, data.heldout, learner.table, learner.pad_id, config.eval_batch_size)
     timings["eval_before_s"] = time.perf_counter() - start
 
-    steps = config.total_steps(len(data.train))
+    steps = 0 if config.epochs > 0 else config.steps
     deadline = time.perf_counter() + config.max_minutes * 60 if config.max_minutes else None
     start = time.perf_counter()
-    with progress_bar(steps, "bc steps", bar_enabled(config.quiet)) as bar:
+    with progress_bar(config.expected_steps(len(data.train)), "bc steps", bar_enabled(config.quiet)) as bar:
 
         def on_step(metrics: dict[str, Any]) -> bool:
             bar.update(1)
             bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.3f}")
             return deadline is not None and time.perf_counter() > deadline
 
-        history = train_bc(learner, data.train, steps, config.batch_size, config.learner.seed, on_step)
+        history = train_bc(learner, data.train, config.batch_size, config.learner.seed, steps, config.epochs, on_step)
     timings["train_s"] = time.perf_counter() - start
     version = learner.publish()
 

@@ -6,12 +6,14 @@ learning benchmark wants the same data again. So the data live in the cache like
 (`diprl.policy.tokenizer.build_cached_dir`): written into a temporary directory, stamped with the
 size and SHA-256 of every file, renamed into place; a directory whose stamp does not verify (a
 killed build, an edited shard) is rebuilt, never half read. The key hashes what decides the data:
-the teacher settings, the tokenizer's vocabulary, and the source of the code that plays and writes
-the games (game layer, bots, prompt, teacher), so a changed bot or prompt never serves stale data.
+the teacher settings, the tokenizer's vocabulary, and the code that plays and writes the games (game
+layer, bots, prompt, teacher; its syntax tree, so a reformatted file or an edited comment or docstring
+keeps the data while a changed bot or prompt never serves stale data).
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 from collections.abc import Callable
@@ -90,13 +92,30 @@ def read_shards(directory: Path | str) -> TeacherData:
     return TeacherData(train=out["train"], heldout=out["heldout"], summary=summary)
 
 
+def _code(source: str) -> str:
+    """A module's code without its formatting, comments and docstrings: what it does, not how it reads."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            del body[0]
+    return ast.dump(tree)
+
+
 def _source_digest() -> str:
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for name in _SOURCES:
         path = package / name
         for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes() + b"\0")
+            code = _code(file.read_text(encoding="utf-8"))
+            digest.update(f"{file.relative_to(package)}\0{code}\0".encode())
     return digest.hexdigest()
 
 

@@ -62,18 +62,26 @@ def state_batches(groups: Sequence[Sequence[int]], batch_size: int, seed: int) -
 def train_bc(
     trainer: RecordTrainer,
     examples: Sequence[TeacherExample],
-    steps: int,
     batch_size: int,
     seed: int,
+    steps: int = 0,
+    epochs: float = 0.0,
     on_step: Callable[[dict[str, Any]], bool | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Up to `steps` optimiser steps on batches of whole states; `on_step` returning True stops early."""
+    """Optimiser steps on batches of whole states until `steps` steps or `epochs` passes over `examples`
+    (whichever is set; `epochs` counts records, since batches of whole states vary in size).
+    `on_step` returning True stops early."""
+    if (steps > 0) == (epochs > 0):
+        raise ValueError(f"set exactly one of steps and epochs, got steps={steps} epochs={epochs}")
+    target = epochs * len(examples)
     history: list[dict[str, Any]] = []
     batches = state_batches(state_groups(examples), batch_size, seed)
-    for _ in range(steps):
+    sent = 0
+    while (steps and len(history) < steps) or (epochs and sent < target):
         batch = next(batches)
         records = [examples[i].to_training_record() for i in batch]
         metrics = trainer.train_records(learner_records(records), objective="bc")
+        sent += len(batch)
         history.append(metrics)
         if on_step is not None and on_step(metrics):
             break

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,9 +45,22 @@ def test_bad_keys_values_and_teachers_are_clear_errors(capsys: pytest.CaptureFix
     assert "data.opponents=[]" in capsys.readouterr().out
 
 
-def test_epochs_decide_the_steps_when_set() -> None:
-    assert ImitateConfig(steps=7).total_steps(1000) == 7
-    assert ImitateConfig(epochs=2.0, batch_size=64).total_steps(1000) == 31
+def test_epochs_count_records_not_steps(data: TeacherData) -> None:
+    """Batches of whole states hold fewer than batch_size records, so an epoch is counted in records."""
+
+    class Counting:
+        def train_records(self, records: Any, objective: str = "bc") -> dict[str, Any]:
+            return {"records": len(records)}
+
+    history = train_bc(Counting(), data.train, batch_size=20, seed=0, epochs=1.0)
+    trained = sum(m["records"] for m in history)
+    assert len(data.train) <= trained < len(data.train) + 20
+    assert len(train_bc(Counting(), data.train, batch_size=20, seed=0, steps=3)) == 3
+    stop = train_bc(Counting(), data.train, batch_size=20, seed=0, epochs=2.0, on_step=lambda m: True)
+    assert len(stop) == 1
+    with pytest.raises(ValueError, match="exactly one of steps and epochs"):
+        train_bc(Counting(), data.train, batch_size=20, seed=0, steps=3, epochs=1.0)
+    assert ImitateConfig(epochs=2.0, batch_size=64).expected_steps(1000) == 31
 
 
 def test_batches_hold_whole_states_and_every_decision_once_per_epoch(data: TeacherData) -> None:
@@ -91,7 +105,7 @@ def test_behaviour_cloning_raises_agreement_on_a_fixed_set(data: TeacherData, tm
     learner = make_learner(config, tmp_path / "run")
     table = learner.table
     before = evaluate_agreement(learner.peft, fixed, table, learner.pad_id)
-    history = train_bc(learner, fixed, steps=8, batch_size=6, seed=0)
+    history = train_bc(learner, fixed, batch_size=6, seed=0, steps=8)
     after = evaluate_agreement(learner.peft, fixed, table, learner.pad_id)
     assert all(m["objective"] == "bc" and m["trained"] == 1 and m["records"] == 6 for m in history)
     assert history[-1]["loss"] < history[0]["loss"]

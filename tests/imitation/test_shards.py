@@ -65,3 +65,12 @@ def test_the_key_follows_the_vocabulary(tok: tuple[Any, TokenTable]) -> None:
     tokenizer, table = tok
     config = TeacherConfig(games=2)
     assert data_key(config, tokenizer, replace(table, eos_id=table.eos_id + 1)) != data_key(config, tokenizer, table)
+
+
+def test_the_code_part_of_the_key_ignores_layout_comments_and_docstrings_only() -> None:
+    from diprl.imitation.shards import _code
+
+    plain = _code("def f(x):\n    return x + 1\n")
+    assert _code('def f( x ):\n    """Why."""\n    return x+1  # note\n') == plain
+    assert _code("def f(x):\n    return x + 2\n") != plain
+    assert _code("def f(x):\n    return 'x + 1'\n") != plain
