@@ -112,8 +112,8 @@ def test_arena_and_ladder_take_verbose(capsys: pytest.CaptureFixture[str]) -> No
     assert "--verbose" in capsys.readouterr().out
 
 
-def test_imitate_takes_verbose_as_a_key() -> None:
-    from diprl.learn.imitate import parse_args
+def test_imitation_takes_verbose_as_a_key() -> None:
+    from diprl.imitation.config import load_imitate_config
 
-    assert parse_args(["verbose=true"]).verbose is True
-    assert parse_args([]).verbose is False
+    assert load_imitate_config(["verbose=true"]).verbose is True
+    assert load_imitate_config([]).verbose is False

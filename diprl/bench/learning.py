@@ -108,7 +108,8 @@ def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence
         *overrides,
     ]
     if variant.warm_start:
-        args.append(f"learner.init_adapter={warm_start_adapter(out / 'imitation')}")
+        adapter, model = warm_start_adapter(out / "imitation")
+        args += warm_start_overrides(adapter, model)
     config, resolved = compose_config(args)
     start = time.perf_counter()
     summary = run(config, resolved)
@@ -129,26 +130,37 @@ def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence
     }
 
 
-def warm_start_adapter(out: Path, steps: int = 200) -> str:
-    """Imitation of DumbBot (once per output directory): the adapter directory the learner starts from.
+def warm_start_adapter(out: Path, overrides: Sequence[str] = ()) -> tuple[str, str]:
+    """Imitation of DumbBot (once per output directory): the adapter directory the learner starts from,
+    and the model preset it was trained on.
 
-    The imitation report names the trained version; without a report (none yet, or a run that
-    stopped part-way, whose store may hold only the learner's untrained first version) it trains.
+    `python -m diprl.imitation` with its defaults (`conf/imitation/default.yaml`) and `overrides`; the
+    teacher data come from the cache when an earlier run made them. The imitation report names the
+    trained version; without a report (none yet, or a run that stopped part-way, whose store may hold
+    only the learner's untrained first version) it trains.
     """
+    from diprl.imitation.config import load_imitate_config
+    from diprl.imitation.run import REPORT
+    from diprl.imitation.run import run as imitate
     from diprl.inference.adapters import AdapterStore
-    from diprl.learn.imitate import ImitateConfig
-    from diprl.learn.imitate import run as imitate
 
     adapters = out / "adapters"
-    report_path = out / "imitate_report.json"
-    if report_path.is_file():
-        version = str(json.loads(report_path.read_text())["version"])
-    else:
-        config = ImitateConfig(
-            teacher="dumbbot", policy="imitation", steps=steps, out=str(out), adapter_root=str(adapters)
+    report_path = out / REPORT
+    if not report_path.is_file():
+        config = load_imitate_config(
+            ["learner.policy=imitation", f"out={out}", f"adapter_root={adapters}", "quiet=true", *overrides]
         )
-        version = str(imitate(config)["version"])
-    return str(AdapterStore(adapters).resolve(version).path)
+        imitate(config)
+    report = json.loads(report_path.read_text())
+    return str(AdapterStore(adapters).resolve(str(report["version"])).path), str(report["model"])
+
+
+def warm_start_overrides(adapter: str, model: str) -> list[str]:
+    """Training overrides that start from `adapter`: the model it was trained on, served at its LoRA rank."""
+    from diprl.policy.models import load_preset
+
+    rank = load_preset(model).lora.rank
+    return [f"learner.init_adapter={adapter}", f"model={model}", f"inference.max_lora_rank={max(8, rank)}"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

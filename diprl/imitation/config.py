@@ -1,0 +1,118 @@
+"""The typed configuration of `python -m diprl.imitation` (`conf/imitation/default.yaml` over this schema).
+
+One config nests the two it drives, so nothing is copied field by field: `data` is the teacher data
+(`TeacherConfig`), `learner` the learner that trains and publishes (`LearnerConfig`, the same
+schema as `conf/learner`). Read through Hydra's compose API, like `python -m diprl.evaluate`: the
+override grammar and the schema's checks (a typo'd key or a wrong type fails before anything
+starts), without Hydra's working-directory change or logging takeover.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from diprl.imitation.data import TeacherConfig
+from diprl.learn.config import LearnerConfig
+from diprl.structured_config import CONF_DIR
+
+SCHEMA_NAME = "imitate_schema"
+
+
+class ConfigError(ValueError):
+    """A bad command line or config value (unknown key, wrong type, out of range)."""
+
+
+@dataclass
+class ImitateConfig:
+    """Everything `python -m diprl.imitation` accepts as `key=value` (nested: `data.games=400`, `learner.lr=3e-3`)."""
+
+    data: TeacherConfig = field(default_factory=TeacherConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    steps: int = 200  # optimiser steps (unless `epochs` is set)
+    epochs: float = 0.0  # > 0: train until this many passes over the training decisions, instead of `steps`
+    batch_size: int = 64  # decisions per optimiser step, whole game states (a state is never split)
+    max_minutes: float = 0.0  # > 0: stop training after this many minutes (then publish and score)
+    out: str = "runs/imitate"  # run directory: the learner's metrics, the report
+    adapter_root: str = "runs/adapters"  # the AdapterStore the PolicyServer serves from
+    eval_batch_size: int = 32  # held-out states decoded at once for agreement
+    # torch threads. 1 by default: on a shared 2-core machine two OpenMP threads spin-wait on each
+    # other and a step ran 10x slower than with one (measured); 0 leaves torch's default.
+    threads: int = 1
+    quiet: bool = False  # no progress bars (they show only when stderr is a terminal anyway)
+    verbose: bool = False  # library logs (DeepSpeed, transformers, torch) at INFO instead of WARNING
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("steps", "batch_size", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("epochs", "max_minutes"):
+            if not getattr(self, name) >= 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.threads < 0:
+            problems.append(f"threads must be >= 0, got {self.threads}")
+        if problems:
+            raise ConfigError("imitation config: " + "; ".join(problems))
+
+    def expected_steps(self, train_examples: int) -> int:
+        """About how many optimiser steps the run takes (for the progress bar)."""
+        if self.epochs > 0:
+            return max(1, round(self.epochs * train_examples / self.batch_size))
+        return self.steps
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=ImitateConfig)
+
+
+def option_help() -> list[str]:
+    """`key=default` for every option, nested ones dotted, for `--help`."""
+    defaults = load_imitate_config([])
+    lines = []
+    for f in fields(ImitateConfig):
+        value = getattr(defaults, f.name)
+        if f.name in ("data", "learner"):
+            lines += [f"  {f.name}.{g.name}={getattr(value, g.name)}" for g in fields(value)]
+        else:
+            lines.append(f"  {f.name}={value}")
+    return lines
+
+
+def _explain(exc: BaseException) -> str:
+    """The first line of the error and of its cause (Hydra's "Could not override" says which key)."""
+    parts = []
+    for e in (exc, exc.__cause__):
+        text = str(e).strip() if e is not None else ""
+        if text and not text.startswith("To append"):
+            parts.append(text.splitlines()[0].rstrip("."))
+    if "missing EQUAL" in str(exc):
+        parts.append("options are key=value")
+    return ": ".join(dict.fromkeys(parts)) or repr(exc)
+
+
+def load_imitate_config(overrides: Sequence[str], conf_dir: Path | None = None) -> ImitateConfig:
+    """`conf/imitation/default.yaml` with `overrides` (Hydra syntax) applied, checked.
+
+    Every problem (unknown key, wrong type, a value out of range, an unknown bot) is a `ConfigError`
+    naming it.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register()
+    directory = (conf_dir or CONF_DIR) / "imitation"
+    try:
+        with initialize_config_dir(config_dir=str(directory.resolve()), version_base="1.3"):
+            cfg = compose(config_name="default", overrides=list(overrides))
+        config = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(_explain(exc)) from exc
+    if not isinstance(config, ImitateConfig):
+        raise ConfigError(f"{directory}/default.yaml did not produce an ImitateConfig")
+    return config

@@ -1,0 +1,103 @@
+"""The policy's greedy order set for a state: transformers' `generate` under the `OrderConstraint`.
+
+Agreement asks what the policy would play at temperature 0. Three ways were open: the learner's own
+scoring (`Learner.score`) ranks given completions but cannot produce one (the legal order sets of a
+movement phase are a product over units, far too many to score); vLLM in-process through the
+PolicyServer's logits processor is the served path, but it is a second engine with its own start-up
+(about 15 s on CPU) and memory beside the learner, and it needs the weights on disk; `generate`
+decodes the learner's model as it is in memory, with the KV cache, batching, left padding and stopping
+that transformers already does. The constraint is the same `OrderConstraint` and the same one-scatter
+mask (`diprl.policy.logprobs.mask_rows_`) that the vLLM processor applies, and the CPU models are
+float32, where greedy output of transformers and vLLM is identical; so `generate` with a logits
+processor is the simplest correct choice, and what it measures is what the server would write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from diprl.game import PowerOrders
+from diprl.imitation.teacher import TeacherExample
+from diprl.policy.constraint import OrderConstraint
+from diprl.policy.vocab import TokenTable
+
+
+class ConstraintLogitsProcessor:
+    """A transformers logits processor: in each row, only what the row's constraint allows next.
+
+    `generate` calls it with the prompt (left-padded to a common width) plus what was generated so far.
+    A row that has written EOS is finished: `generate` overwrites its later tokens with padding, and
+    the processor leaves it EOS only (any allowed id would do; one keeps the row finite).
+    """
+
+    def __init__(self, constraints: Sequence[OrderConstraint], prompt_width: int, eos_id: int) -> None:
+        self.constraints = list(constraints)
+        self.prompt_width = prompt_width
+        self.eos = np.array([eos_id], dtype=np.int64)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        from diprl.policy.logprobs import mask_rows_
+
+        generated = input_ids[:, self.prompt_width :].tolist()
+        eos = int(self.eos[0])
+        allowed = []
+        for constraint, ids in zip(self.constraints, generated, strict=True):
+            if eos in ids:
+                allowed.append(self.eos)
+            else:
+                allowed.append(constraint.allowed_token_ids(ids))
+        return mask_rows_(scores, range(len(allowed)), allowed)
+
+
+def greedy_completions(
+    model: Any,
+    examples: Sequence[TeacherExample],
+    table: TokenTable,
+    pad_id: int,
+    batch_size: int = 32,
+    max_new_tokens: int = 384,
+) -> list[list[int]]:
+    """The model's greedy completion ids for each example's prompt under its legal orders (EOS included).
+
+    Batched by similar prompt length (less padding), returned in the examples' order.
+    """
+    import torch
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].prompt_ids))
+    out: list[list[int]] = [[] for _ in examples]
+    config = GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=table.eos_id,
+        pad_token_id=pad_id,
+        use_cache=True,
+    )
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                prompts = [examples[i].prompt_ids for i in rows]
+                width = max(len(p) for p in prompts)
+                ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+                constraints = [OrderConstraint(PowerOrders.from_dict(examples[i].legal), table) for i in rows]
+                processor = ConstraintLogitsProcessor(constraints, width, table.eos_id)
+                generated = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    generation_config=config,
+                    logits_processor=LogitsProcessorList([processor]),
+                )
+                for i, row in zip(rows, generated[:, width:].tolist(), strict=True):
+                    out[i] = row[: row.index(table.eos_id) + 1] if table.eos_id in row else row
+    finally:
+        model.train(was_training)
+    return out
