@@ -1,6 +1,6 @@
 """How much experience per minute: the training loop before and after the experience work, side by side.
 
-    python -m diprl.bench experience [--minutes 5] [--only random|selfplay] [--model small]
+    python -m diprl.bench experience [--minutes 5] [--only random|selfplay] [--also-model small]
 
 Runs the real training loop (`python -m diprl.train`, local Ray, PolicyServer, learner) for the same
 minutes in each setting, one after the other, with evaluations off so the minutes go to training:
@@ -16,7 +16,7 @@ For each it prints hero decisions generated per second, records trained per seco
 busy fraction (its step time over the run's time) and the mean batch the PolicyServer's engine held
 while busy. Last line:
 `experience_old=<records/s> experience_new=<records/s> experience_speedup=<new/old>
-experience_selfplay_speedup=<new/old>`.
+[experience_speedup_<model>=<new/old> ...] experience_selfplay_speedup=<new/old>`.
 """
 
 from __future__ import annotations
@@ -45,19 +45,40 @@ OLD = ["model=tiny_qwen", "rollout.matches_in_flight=1", "learner.prefix_sharing
 
 @dataclass(frozen=True)
 class Setting:
-    label: str
+    label: str  # '<experiment> old|new', or 'random new:<model>'
     experiment: str
     overrides: tuple[str, ...]
 
 
-def settings(model: str | None, only: str | None) -> list[Setting]:
-    new = (f"model={model}",) if model else ()
+def settings(only: str | None, also: Sequence[str] = ()) -> list[Setting]:
+    """Old and new setting of each experiment (`only`: one of them); `also`: the new setting again with
+    each of these model presets, for `random` (to choose the default body by measurement)."""
     out = []
     for experiment in ("random", "selfplay"):
         if only in (None, experiment):
             out.append(Setting(f"{experiment} old", experiment, tuple(OLD)))
-            out.append(Setting(f"{experiment} new", experiment, new))
+            out.append(Setting(f"{experiment} new", experiment, ()))
+            if experiment == "random":
+                out += [Setting(f"random new:{m}", experiment, (f"model={m}",)) for m in also]
     return out
+
+
+def speedups(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The last line's fields: trained records per second, new over old, per experiment and extra model."""
+
+    def rate(label: str) -> float:
+        return float(results[label]["records_trained_per_s"])
+
+    fields: dict[str, float] = {}
+    if "random old" in results:
+        old, new = rate("random old"), rate("random new")
+        fields |= {"experience_old": old, "experience_new": new, "experience_speedup": new / max(old, 1e-9)}
+        for label in results:
+            if label.startswith("random new:"):
+                fields[f"experience_speedup_{label.split(':', 1)[1]}"] = rate(label) / max(old, 1e-9)
+    if "selfplay old" in results:
+        fields["experience_selfplay_speedup"] = rate("selfplay new") / max(rate("selfplay old"), 1e-9)
+    return fields
 
 
 def measure(setting: Setting, minutes: float, root: Path) -> dict[str, Any]:
@@ -103,25 +124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench experience", description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0, help="training minutes per setting")
     parser.add_argument("--only", choices=["random", "selfplay"], help="one experiment's pair only")
-    parser.add_argument("--model", help="the NEW setting's model preset (default: the configured default)")
+    parser.add_argument(
+        "--also-model",
+        action="append",
+        default=[],
+        help="also run random's NEW setting on this model preset (repeatable): choosing the default body",
+    )
     parser.add_argument("--out", help="keep the run directories here (default: a temporary directory)")
     add_console_flags(parser)
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="diprl-bench-experience-"))
     results = {}
-    for setting in settings(args.model, args.only):
+    for setting in settings(args.only, args.also_model):
         results[setting.label] = measure(setting, args.minutes, root)
     print(f"\n{'setting':<16}{'model':>10}{'hero dec/s':>12}{'records/s':>12}{'learner':>9}{'batch':>8}{'steps':>8}")
     for m in results.values():
         print(row(m))
     (root / "experience.json").write_text(json.dumps(results, indent=1))
-    fields: dict[str, float] = {}
-    if "random old" in results:
-        old, new = results["random old"]["records_trained_per_s"], results["random new"]["records_trained_per_s"]
-        fields |= {"experience_old": old, "experience_new": new, "experience_speedup": new / max(old, 1e-9)}
-    if "selfplay old" in results:
-        old, new = results["selfplay old"]["records_trained_per_s"], results["selfplay new"]["records_trained_per_s"]
-        fields["experience_selfplay_speedup"] = new / max(old, 1e-9)
-    print(" ".join(f"{k}={v:.2f}" for k, v in fields.items()))
+    print(" ".join(f"{k}={v:.2f}" for k, v in speedups(results).items()))
     return 0
