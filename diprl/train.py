@@ -56,7 +56,8 @@ def server_config(config: Config, run_dir: Path, verbose: bool = False) -> Any:
 
 
 def start_actors(config: Config, run_dir: Path) -> Actors:
-    """Create (or, on a resumed run, find) every actor of the run but the PolicyServer, placed by resources."""
+    """Create (or, on a resumed run, find) every actor of the run but the PolicyServer, placed by resources:
+    their CPUs and GPUs, and the custom resources `config.placement` names for their role."""
     import ray
     from ray.util.queue import Queue
 
@@ -65,21 +66,35 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
     from diprl.learn.learner import learner_actor
     from diprl.rollout.worker import GroupLedger, WorkerConfig, worker_actor
 
+    where = config.placement
+    _warn_missing_resources(where.missing(ray.cluster_resources()))
     serve_app = serve_app_name(run_dir)
     adapter_root = (run_dir / "adapters").resolve()
-    league = league_actor(config.league, str(run_dir))
+    league = league_actor(config.league, str(run_dir), resources=where.league)
     policies = list(config.league.roles)
     # Restarted after a crash like every other actor; a restarted queue starts empty (its groups are lost,
     # never duplicated: the ledger's accepted ids are on disk). The ledger and learners find them by name.
-    restart = {"max_restarts": -1, "max_task_retries": -1}
+    # No CPU held, said outright: an actor that names custom resources (placement) and no CPUs holds one.
+    restart = {"max_restarts": -1, "max_task_retries": -1, "num_cpus": 0}
     queues = {
-        p: Queue(maxsize=config.train.queue_size, actor_options={"name": queue_name(p), **restart}) for p in policies
+        p: Queue(
+            maxsize=config.train.queue_size,
+            actor_options={"name": queue_name(p), "resources": where.queues, **restart},
+        )
+        for p in policies
     }
     accepted_log = str((run_dir / "ledger" / "accepted.txt").resolve())
-    ledger = GroupLedger.options(name=LEDGER).remote({p: queue_name(p) for p in policies}, accepted_log)  # type: ignore[attr-defined]
+    ledger = GroupLedger.options(name=LEDGER, resources=where.ledger, num_cpus=0).remote(  # type: ignore[attr-defined]
+        {p: queue_name(p) for p in policies}, accepted_log
+    )
     learners = {
         p: learner_actor(
-            replace(config.learner, policy=p), str(run_dir), str(adapter_root), name=f"learner-{p}", queue=queue_name(p)
+            replace(config.learner, policy=p),
+            str(run_dir),
+            str(adapter_root),
+            name=f"learner-{p}",
+            queue=queue_name(p),
+            resources=where.learner,
         )
         for p in policies
     }
@@ -96,15 +111,31 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
         start_states=r.start_states,
         trace_dir=str((run_dir / "traces").resolve()),
     )
-    workers = [worker_actor(worker_config, LEDGER, i, r.worker_cpus, f"rollout-{i}") for i in range(r.num_workers)]
+    workers = [
+        worker_actor(worker_config, LEDGER, i, r.worker_cpus, f"rollout-{i}", where.rollout)
+        for i in range(r.num_workers)
+    ]
     e = config.evaluation
     evaluator = start_evaluator(
         EvaluatorConfig(pool=list(e.opponents), play=e, serve_app=serve_app, model=config.model.name),
         str(run_dir),
         num_cpus=0.1,
+        resources=where.evaluator,
     )
     ray.get([learner.pid_of.remote() for learner in learners.values()])  # built (or restored) before the loop
     return Actors(serve_app, league, ledger, queues, learners, workers, evaluator)
+
+
+def _warn_missing_resources(missing: dict[str, list[str]]) -> None:
+    """Say why the run waits when no node declares a resource the placement asks for. Not an error: on a
+    cluster that is still starting (or an autoscaler's node type that declares it) such a node may join."""
+    for role, names in missing.items():
+        print(
+            f"warning: placement.{role} asks for {', '.join(names)}, which no node of this Ray cluster declares "
+            f"yet: its actors wait until a node that does joins (README, GPU cluster: where each role runs)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @contextlib.contextmanager
@@ -172,7 +203,8 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         previous = _stop_on_signals(stop)
         try:
             quiet_libraries(verbose)  # Serve configures its own driver-side logger on import: quiet it again
-            with serving(server_config(config, run_dir, verbose)), web_app(config, run_dir):
+            server = server_config(config, run_dir, verbose)
+            with serving(server, config.placement.inference), web_app(config, run_dir):
                 actors = start_actors(config, run_dir)
                 tracker = Tracker(run_dir, json_safe(asdict(config)), use_wandb=config.train.wandb)
                 journal = Journal(run_dir, tracker, RunStats())

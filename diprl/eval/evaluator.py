@@ -191,15 +191,25 @@ class Evaluator:
 
 
 def start_evaluator(
-    config: EvaluatorConfig, run_dir: str | Path, name: str = "evaluator", num_cpus: float = 1.0
+    config: EvaluatorConfig,
+    run_dir: str | Path,
+    name: str = "evaluator",
+    num_cpus: float = 1.0,
+    resources: dict[str, float] | None = None,
 ) -> Any:
     """The named Ray actor (created, or the running one returned); restarted with its pins if it dies.
 
-    Its calls are independent, so a call cut by a crash is retried on the restarted actor.
+    Its calls are independent, so a call cut by a crash is retried on the restarted actor. `resources`
+    (custom resources) keep it on the nodes that declare them.
     """
     import ray
 
     actor = ray.remote(Evaluator).options(
-        name=name, get_if_exists=True, num_cpus=num_cpus, max_restarts=-1, max_task_retries=-1
+        name=name,
+        get_if_exists=True,
+        num_cpus=num_cpus,
+        max_restarts=-1,
+        max_task_retries=-1,
+        resources=dict(resources or {}),
     )
     return actor.remote(config, str(run_dir))

@@ -25,7 +25,7 @@ import socket
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -630,17 +630,18 @@ def stop_serving(app: str, adapter_root: str | Path | None = None) -> None:
 
 
 @contextlib.contextmanager
-def serving(config: ServerConfig) -> Iterator[Any]:
+def serving(config: ServerConfig, resources: Mapping[str, float] | None = None) -> Iterator[Any]:
     """The PolicyServer of `config` (its deployment handle) for the length of a `with` block, on the running
-    Ray; deleted after it, however the block ends, and only if it still serves `config`'s adapters."""
-    handle = serve_policy(config)
+    Ray; deleted after it, however the block ends, and only if it still serves `config`'s adapters.
+    `resources`: custom resources every replica asks for (see `replica_options`)."""
+    handle = serve_policy(config, resources)
     try:
         yield handle
     finally:
         stop_serving(config.name, adapter_root=config.adapter_root)
 
 
-def replica_options(config: ServerConfig) -> dict[str, Any]:
+def replica_options(config: ServerConfig, resources: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Ray Serve options that place one replica: its CPUs, GPUs and, with tensor parallelism, its bundles.
 
     With `tensor_parallel_size` 1 the replica actor holds its GPU (or fraction) itself. Above 1 vLLM's Ray
@@ -648,23 +649,34 @@ def replica_options(config: ServerConfig) -> dict[str, Any]:
     runs in, so every replica gets its own group: the first bundle holds the replica actor's CPUs and the
     first shard's GPU, the others one GPU each, STRICT_PACK so the shards share a node (their all-reduce
     runs every layer and wants NVLink, not the network). The replica actor then asks for no GPU itself.
+
+    `resources` (custom resources, a run's `placement.inference`) go to the replica actor and, with
+    tensor parallelism, to the first bundle, which must hold what the actor asks for: STRICT_PACK puts the
+    other shards on the same node, one that declares them.
     """
     env = {**ENGINE_ENV, "VLLM_LOGGING_LEVEL": config.log_level, "VLLM_CONFIGURE_LOGGING": "1"}
     tp = config.tensor_parallel_size
+    custom = dict(resources or {})
     actor: dict[str, Any] = {
         "num_cpus": config.replica_cpus,
         "num_gpus": config.replica_gpus if tp == 1 else 0,
         "runtime_env": {"env_vars": env},
     }
+    if custom:
+        actor["resources"] = custom
     options: dict[str, Any] = {"ray_actor_options": actor}
     if tp > 1:
-        options["placement_group_bundles"] = [{"CPU": config.replica_cpus, "GPU": 1.0}] + [{"GPU": 1.0}] * (tp - 1)
+        first = {"CPU": config.replica_cpus, "GPU": 1.0, **custom}
+        options["placement_group_bundles"] = [first] + [{"GPU": 1.0}] * (tp - 1)
         options["placement_group_strategy"] = "STRICT_PACK"
     return options
 
 
-def serve_policy(config: ServerConfig) -> Any:
+def serve_policy(config: ServerConfig, resources: Mapping[str, float] | None = None) -> Any:
     """Start (or update) the PolicyServer on the running Ray cluster and return its deployment handle.
+
+    `resources`: custom resources every replica asks for, to run only on the nodes that declare them
+    (see `replica_options`).
 
     Fails fast with `OSError(EADDRINUSE)` when another process (another cluster's PolicyServer, say)
     already holds the HTTP port: Serve would otherwise report ready while requests reach the other
@@ -723,7 +735,7 @@ def serve_policy(config: ServerConfig) -> Any:
         health_check_period_s=5.0,
         health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S + 10.0,
         logging_config=logging_config,
-        **replica_options(config),
+        **replica_options(config, resources),
         **scaling,
     )
     return serve.run(

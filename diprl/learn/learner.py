@@ -897,13 +897,16 @@ def learner_actor(
     name: str | None = None,
     namespace: str | None = None,
     queue: str | None = None,
+    resources: dict[str, float] | None = None,
 ) -> Any:
     """The Ray actor form: named `learner-<policy>` (get-if-exists), restarted forever, tasks retried.
 
     A restarted actor runs `__init__` again and so resumes from its newest good checkpoint; a retried
     `train_next` then trains the batch it was training again (kept on disk, see `diprl.learn.intake`),
     so a killed learner loses none. `queue` names the policy's queue actor it pulls its batches from. It asks for one
-    GPU when `config.use_gpu`, else one CPU with DeepSpeed on its CPU accelerator.
+    GPU when `config.use_gpu`, else one CPU with DeepSpeed on its CPU accelerator. The GPU is a whole one:
+    Ray never hands a fraction of it to a PolicyServer replica (`python -m diprl.plan` counts the same way).
+    `resources` (custom resources, `placement.learner`) keep it on the nodes that declare them, restarts too.
     """
     import ray
 
@@ -919,5 +922,7 @@ def learner_actor(
     }
     if namespace is not None:
         options["namespace"] = namespace
+    if resources:
+        options["resources"] = dict(resources)
     remote_cls: Any = ray.remote(Learner)
     return remote_cls.options(**options).remote(config, str(run_dir), str(adapter_root), registry, queue)

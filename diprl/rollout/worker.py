@@ -318,9 +318,17 @@ class RolloutWorker:
         return self.pid
 
 
-def worker_actor(config: WorkerConfig, ledger_name: str | None, index: int, num_cpus: float, name: str | None) -> Any:
+def worker_actor(
+    config: WorkerConfig,
+    ledger_name: str | None,
+    index: int,
+    num_cpus: float,
+    name: str | None,
+    resources: Mapping[str, float] | None = None,
+) -> Any:
     """A `RolloutWorker` actor: restarted forever with its calls retried; threaded, so that every match
-    in flight (plus a status call) has a thread to wait in."""
+    in flight (plus a status call) has a thread to wait in. `resources` (custom resources,
+    `placement.rollout`) keep it, and its restarts, on the nodes that declare them."""
     options: dict[str, Any] = {
         "num_cpus": num_cpus,
         "max_restarts": -1,
@@ -329,6 +337,8 @@ def worker_actor(config: WorkerConfig, ledger_name: str | None, index: int, num_
     }
     if name is not None:
         options["name"] = name
+    if resources:
+        options["resources"] = dict(resources)
     return ray.remote(RolloutWorker).options(**options).remote(config, ledger_name, index)
 
 

@@ -2,15 +2,17 @@
 
 `conf/config.yaml` + an experiment (`+experiment=pfsp`) + command-line overrides become one `Config`:
 `model` (a preset), `inference`, `learner` and `league` (their own typed configs), `rollout` (how
-games are played), `train` (budget, reporting, the run directory) and `evaluation` (the fixed games
-played along the way). A typo'd key, a wrong type, an unknown experiment or model, or an inconsistent
-value is a `ConfigError` naming it, before anything starts.
+games are played), `train` (budget, reporting, the run directory), `evaluation` (the fixed games
+played along the way) and `placement` (which nodes of a cluster run each role). A typo'd key, a wrong
+type, an unknown experiment or model, or an inconsistent value is a `ConfigError` naming it, before
+anything starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from omegaconf import MISSING
@@ -19,7 +21,7 @@ from diprl.eval.config import GamesConfig
 from diprl.rollout.episode import EpisodeConfig
 from diprl.structured_config import CONF_DIR, ConfigError
 
-__all__ = ["CONF_DIR", "Config", "ConfigError", "compose_config"]
+__all__ = ["CONF_DIR", "Config", "ConfigError", "PlacementConfig", "compose_config"]
 
 
 @dataclass
@@ -85,6 +87,67 @@ class TrainConfig:
     chaos_after_step: int = 1
 
 
+# Resources a role already asks for through its own fields (cpus, gpus): Ray refuses them in `resources`.
+RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+
+
+@dataclass
+class PlacementConfig:
+    """Where each role runs on a cluster: the Ray custom resources its actors ask for, beside their CPUs and GPUs.
+
+    A cluster's node types declare custom resources (a node type's `resources` in a launcher yaml, or
+    `ray start --resources='{"learner_node": 1}'` on a machine of one's own); an actor that asks for one runs
+    only on a node that declares it, and after a node is lost Ray restarts it on another node that does.
+    Ask for a small amount (0.001): it marks where a role may run, while CPUs and GPUs still bound how
+    many fit. `node:__internal_head__` (Ray's own, on every head) pins a role to the head. Empty (the
+    default, `placement=anywhere`): Ray places by CPUs and GPUs alone. `conf/placement/*.yaml` ship
+    presets; README, "GPU cluster", shows the node types they expect.
+    """
+
+    learner: dict[str, float] = field(default_factory=dict)  # every learner of every trained policy
+    inference: dict[str, float] = field(default_factory=dict)  # every PolicyServer replica (with all its shards)
+    rollout: dict[str, float] = field(default_factory=dict)  # rollout workers
+    league: dict[str, float] = field(default_factory=dict)  # the league manager
+    ledger: dict[str, float] = field(default_factory=dict)  # the group ledger
+    queues: dict[str, float] = field(default_factory=dict)  # the learners' queues
+    evaluator: dict[str, float] = field(default_factory=dict)  # the evaluator
+
+    def __post_init__(self) -> None:
+        problems = []
+        for role in self.roles():
+            resources = getattr(self, role)
+            if not isinstance(resources, Mapping):
+                problems.append(f"placement.{role} must map resource names to amounts, got {resources!r}")
+                continue
+            for name, amount in resources.items():
+                problems.extend(_resource_problems(f"placement.{role}", name, amount))
+        if problems:
+            raise ValueError("invalid placement: " + "; ".join(problems))
+
+    @classmethod
+    def roles(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def missing(self, declared: Mapping[str, float]) -> dict[str, list[str]]:
+        """Role -> the resources it asks for that no node in `declared` (`ray.cluster_resources()`) has."""
+        missing = {role: sorted(set(getattr(self, role)) - set(declared)) for role in self.roles()}
+        return {role: names for role, names in missing.items() if names}
+
+
+def _resource_problems(where: str, name: Any, amount: Any) -> list[str]:
+    """What Ray would refuse about one custom resource request, said before anything starts."""
+    if not isinstance(name, str) or not name.strip():
+        return [f"{where}: a resource name must be a non-empty string, got {name!r}"]
+    if name in RAY_BUILTIN_RESOURCES:
+        return [f"{where}: {name!r} is set by the role's own CPU/GPU fields, not by placement"]
+    ok = isinstance(amount, int | float) and not isinstance(amount, bool) and math.isfinite(amount) and amount > 0
+    if not ok:
+        return [f"{where}.{name} must be a positive number, got {amount!r}"]
+    if amount > 1 and not float(amount).is_integer():  # Ray's own rule for resource amounts
+        return [f"{where}.{name} must be at most 1 or a whole number, got {amount!r}"]
+    return []
+
+
 @dataclass
 class Config:
     """The composed run configuration (`conf/config.yaml` + an experiment + overrides)."""
@@ -97,6 +160,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluation: EvalScheduleConfig = field(default_factory=EvalScheduleConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
 
 def register_configs() -> None:
@@ -144,6 +208,7 @@ def typed_config(cfg: Any) -> Config:
         rollout = _section(RolloutConfig, raw.get("rollout"))
         train = _section(TrainConfig, raw.get("train"))
         evaluation = _section(EvalScheduleConfig, raw.get("evaluation"))
+        placement = _section(PlacementConfig, raw.get("placement"))
     except Exception as exc:  # OmegaConf validation or a dataclass __post_init__
         raise ConfigError(f"invalid configuration: {exc}") from exc
     config = Config(
@@ -155,6 +220,7 @@ def typed_config(cfg: Any) -> Config:
         rollout=rollout,
         train=train,
         evaluation=evaluation,
+        placement=placement,
     )
     check(config)
     return config

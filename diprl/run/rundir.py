@@ -52,6 +52,8 @@ RESUME_MAY_CHANGE = frozenset(
         "inference.log_level",
     }
 )
+# Sections a resume may change whole: where each role runs (a run may continue on another cluster).
+RESUME_MAY_CHANGE_SECTIONS = ("placement",)
 
 
 def run_id(run_dir: Path) -> str:
@@ -167,7 +169,8 @@ def _check_resume(config: Config, path: Path, saved: Path) -> None:
     if changed:
         raise ConfigError(
             f"resume={path}: the configuration differs from the saved run in {', '.join(changed)}; "
-            f"a resume may change only {', '.join(sorted(RESUME_MAY_CHANGE))}"
+            f"a resume may change only {', '.join(sorted(RESUME_MAY_CHANGE))} and anything under "
+            f"{', '.join(f'{section}.' for section in RESUME_MAY_CHANGE_SECTIONS)}"
         )
     for policy in previous.league.roles:
         root = path / "checkpoints" / policy
@@ -185,7 +188,11 @@ def config_differences(previous: Config, current: Config) -> list[str]:
     may change."""
     a, b = _flatten(json_safe(asdict(previous))), _flatten(json_safe(asdict(current)))
     return [
-        k for k in sorted(set(a) | set(b)) if a.get(k, _MISSING) != b.get(k, _MISSING) and k not in RESUME_MAY_CHANGE
+        k
+        for k in sorted(set(a) | set(b))
+        if a.get(k, _MISSING) != b.get(k, _MISSING)
+        and k not in RESUME_MAY_CHANGE
+        and k.split(".", 1)[0] not in RESUME_MAY_CHANGE_SECTIONS
     ]
 
 
