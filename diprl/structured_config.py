@@ -46,3 +46,16 @@ def load_structured(schema: type[T], group: str, name: str, conf_dir: Path | Non
     if not isinstance(config, schema):
         raise ValueError(f"{path}: did not produce a {schema.__name__}")
     return config
+
+
+def explain_override_error(exc: BaseException) -> str:
+    """A Hydra or OmegaConf error in one line: its first line and its cause's ("Could not override 'gmes'":
+    Key 'gmes' not in ...), with the grammar's hint when an option has no `=`."""
+    parts = []
+    for e in (exc, exc.__cause__):
+        text = str(e).strip() if e is not None else ""
+        if text and not text.startswith("To append"):
+            parts.append(text.splitlines()[0].rstrip("."))
+    if "missing EQUAL" in str(exc):
+        parts.append("options are key=value")
+    return ": ".join(dict.fromkeys(parts)) or repr(exc)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.game import DEFAULT_MAX_YEAR
-from diprl.structured_config import CONF_DIR
+from diprl.structured_config import CONF_DIR, explain_override_error
 
 SCHEMA_NAME = "evaluate_schema"
 
@@ -114,18 +114,6 @@ def option_help() -> list[str]:
     return [f"  {name}={getattr(defaults, name)}" for name in names]
 
 
-def _explain(exc: BaseException) -> str:
-    """Hydra's message and its cause's, first lines only ("Could not override 'gmes'": Key 'gmes' not in ...)."""
-    parts = []
-    for e in (exc, exc.__cause__):
-        text = str(e).strip() if e is not None else ""
-        if text and not text.startswith("To append"):
-            parts.append(text.splitlines()[0].rstrip("."))
-    if len(parts) == 1 and "missing EQUAL" in str(exc):
-        parts.append("options are key=value")
-    return ": ".join(parts) or repr(exc)
-
-
 def register() -> None:
     from hydra.core.config_store import ConfigStore
 
@@ -150,7 +138,7 @@ def load_evaluate_config(overrides: Sequence[str], conf_dir: Path | None = None)
             cfg = compose(config_name="default", overrides=list(overrides))
         config = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ValueError(_explain(exc)) from exc
+        raise ValueError(explain_override_error(exc)) from exc
     if not isinstance(config, EvaluateConfig):
         raise ValueError(f"{directory}/default.yaml did not produce an EvaluateConfig")
     if isinstance(config.opponents, list | tuple):

@@ -15,13 +15,9 @@ from pathlib import Path
 
 from diprl.imitation.data import TeacherConfig
 from diprl.learn.config import LearnerConfig
-from diprl.structured_config import CONF_DIR
+from diprl.structured_config import CONF_DIR, ConfigError, explain_override_error
 
 SCHEMA_NAME = "imitate_schema"
-
-
-class ConfigError(ValueError):
-    """A bad command line or config value (unknown key, wrong type, out of range)."""
 
 
 @dataclass
@@ -82,18 +78,6 @@ def option_help() -> list[str]:
     return lines
 
 
-def _explain(exc: BaseException) -> str:
-    """The first line of the error and of its cause (Hydra's "Could not override" says which key)."""
-    parts = []
-    for e in (exc, exc.__cause__):
-        text = str(e).strip() if e is not None else ""
-        if text and not text.startswith("To append"):
-            parts.append(text.splitlines()[0].rstrip("."))
-    if "missing EQUAL" in str(exc):
-        parts.append("options are key=value")
-    return ": ".join(dict.fromkeys(parts)) or repr(exc)
-
-
 def load_imitate_config(overrides: Sequence[str], conf_dir: Path | None = None) -> ImitateConfig:
     """`conf/imitation/default.yaml` with `overrides` (Hydra syntax) applied, checked.
 
@@ -112,7 +96,7 @@ def load_imitate_config(overrides: Sequence[str], conf_dir: Path | None = None) 
             cfg = compose(config_name="default", overrides=list(overrides))
         config = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(_explain(exc)) from exc
+        raise ConfigError(explain_override_error(exc)) from exc
     if not isinstance(config, ImitateConfig):
         raise ConfigError(f"{directory}/default.yaml did not produce an ImitateConfig")
     return config
