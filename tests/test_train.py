@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from diprl.inference.adapters import AdapterStore
+from diprl.inference.config import rank_to_serve
 from diprl.league.role_state import VersionDecision
 from diprl.learn.checkpoint import CheckpointDir
 from diprl.messages import StepReport
@@ -61,6 +62,19 @@ def test_every_experiment_composes() -> None:
     for name in names:
         config, resolved = compose_config([f"+experiment={name}"])
         assert config.experiment == name and "experiment: " + name in resolved
+
+
+def test_the_server_follows_the_model_its_weights_and_its_lora_rank() -> None:
+    """`model=small` trains rank-16 adapters: a server left at local.yaml's rank 8 would refuse every one."""
+    tiny, _ = compose_config(["+experiment=smoke"])
+    assert (tiny.inference.model, tiny.inference.max_lora_rank, tiny.model.lora.rank) == ("tiny", 8, 8)
+    small, _ = compose_config(["+experiment=smoke", "model=small"])
+    assert (small.inference.model, small.inference.max_lora_rank, small.model.lora.rank) == ("small", 16, 16)
+    wider, _ = compose_config(["+experiment=smoke", "model=small", "inference.max_lora_rank=32"])
+    assert wider.inference.max_lora_rank == 32  # a wider setting stays: it serves other adapters too
+    assert rank_to_serve(8, 12) == 16
+    with pytest.raises(ValueError, match="above every rank"):
+        rank_to_serve(8, 4096)
 
 
 def test_resume_of_a_missing_run_is_refused(tmp_path: Path) -> None:

@@ -19,6 +19,19 @@ from diprl.structured_config import CONF_DIR, load_structured
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The LoRA ranks vLLM's kernels are built for; `max_lora_rank` must be one of them."""
+
+
+def rank_to_serve(max_lora_rank: int, adapter_rank: int) -> int:
+    """`max_lora_rank`, raised to the smallest rank vLLM's kernels take that holds `adapter_rank` (a model
+    preset's LoRA rank): below it vLLM refuses every adapter of the policy, so every request fails."""
+    if adapter_rank <= max_lora_rank:
+        return max_lora_rank
+    for rank in LORA_RANKS:
+        if rank >= adapter_rank:
+            return rank
+    raise ValueError(f"LoRA rank {adapter_rank} is above every rank vLLM serves ({LORA_RANKS[-1]})")
+
+
 ENGINE_MANAGED = frozenset(
     {
         "model",

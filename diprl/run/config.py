@@ -190,7 +190,7 @@ def typed_config(cfg: Any) -> Config:
     """The composed DictConfig as typed objects, every section validated; errors name the section."""
     from omegaconf import OmegaConf
 
-    from diprl.inference.config import ServerConfig
+    from diprl.inference.config import ServerConfig, rank_to_serve
     from diprl.league.config import LeagueConfig
     from diprl.learn.config import LearnerConfig
     from diprl.policy.models import preset_from_config
@@ -214,7 +214,10 @@ def typed_config(cfg: Any) -> Config:
     config = Config(
         experiment=str(raw.get("experiment", "default")),
         model=model,
-        inference=replace(inference, model=model.name),
+        # The server follows the model: its base weights, and LoRA slots wide enough for the preset's adapters.
+        inference=replace(
+            inference, model=model.name, max_lora_rank=rank_to_serve(inference.max_lora_rank, model.lora.rank)
+        ),
         learner=replace(learner, model=model.name),
         league=league,
         rollout=rollout,
