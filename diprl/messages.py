@@ -326,6 +326,8 @@ class MatchReport:
     hero_completions: int = 0
     bad_completions: int = 0
     untrainable_completions: int = 0
+    failed_requests: int = 0  # LLM requests the server answered with an error
+    first_error: str | None = None  # the first of them, as the server said it
     group_records: int = 0
     hero_returns: list[float] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)

@@ -82,6 +82,8 @@ class EpisodeOutput:
     hero_completions: int = 0  # the hero seat's LLM decisions (every phase it played, every fork)
     bad_completions: int = 0
     untrainable_completions: int = 0  # completions with an error or no tokens: left out of their group
+    failed_requests: int = 0  # completions the server answered with an error
+    first_error: str | None = None  # the first such error, as the server said it
     hero_returns: list[float] = field(default_factory=list)  # the hero's fork returns, trained on or not
 
 
@@ -198,6 +200,9 @@ class Episode:
                 out.completions += 1
                 out.hero_completions += power == match.hero
                 out.bad_completions += turn.answer.bad
+                if turn.answer.error is not None:
+                    out.failed_requests += 1
+                    out.first_error = out.first_error or turn.answer.error
 
     def _group(
         self,

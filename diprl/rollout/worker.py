@@ -286,6 +286,8 @@ class RolloutWorker:
             hero_completions=out.hero_completions,
             bad_completions=out.bad_completions,
             untrainable_completions=out.untrainable_completions,
+            failed_requests=out.failed_requests,
+            first_error=out.first_error,
             group_records=sum(len(g.records) for g in out.groups),
             hero_returns=list(out.hero_returns),
             worker_pid=self.pid,

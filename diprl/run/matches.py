@@ -18,6 +18,10 @@ from diprl.run.journal import Journal
 from diprl.run.rundir import Counters
 
 
+class ServingFailed(RuntimeError):
+    """Every LLM request of many matches in a row failed: the PolicyServer cannot serve this run's policies."""
+
+
 @dataclass
 class _Playing:
     worker: int
@@ -44,6 +48,10 @@ class MatchScheduler:
         self.journal = journal
         self.counters = counters
         self.playing: dict[Any, _Playing] = {}
+        # Matches in a row whose every LLM request failed; a whole round of every worker's matches, twice
+        # over, ends the run: played on with holds it would only produce nothing to train on.
+        self.failing = 0
+        self.failing_limit = max(4, 2 * per_worker * len(workers))
         self.load = [0] * len(workers)
         self._turn = 0
 
@@ -65,6 +73,15 @@ class MatchScheduler:
     def refs(self) -> list[Any]:
         return list(self.playing)
 
+    def _check_serving(self, report: MatchReport) -> None:
+        every_request_failed = report.completions > 0 and report.failed_requests == report.completions
+        self.failing = self.failing + 1 if every_request_failed else 0
+        if self.failing >= self.failing_limit:
+            raise ServingFailed(
+                f"every LLM request of the last {self.failing} matches failed; the PolicyServer said: "
+                f"{report.first_error}"
+            )
+
     def in_flight(self, index: int) -> list[str]:
         """Ids of the matches worker `index` is playing (what a restart of it replays)."""
         return sorted(p.match.match_id for p in self.playing.values() if p.worker == index)
@@ -85,6 +102,7 @@ class MatchScheduler:
                 self._submit(playing.worker, playing.match, playing.attempt + 1)
             return None
         self.counters.matches += 1
+        self._check_serving(report)
         if report.results:
             ray.get(self.league.report.remote(report.results))
             self.counters.results += len(report.results)

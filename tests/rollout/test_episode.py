@@ -151,6 +151,8 @@ def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
         )
         assert record.advantages == pytest.approx(rebuilt)
     assert out.untrainable_completions == 1
+    # Counted for the driver, which ends a run whose every request fails, with the server's words.
+    assert (out.failed_requests, out.first_error) == (1, "EngineDead: replica restarting")
 
 
 def _forked_kind(share: float) -> str:
