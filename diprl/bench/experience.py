@@ -35,6 +35,7 @@ COMMON = [
     "train.max_steps=100000",
     "train.wandb=false",
     "train.dashboard=false",
+    "train.web_port=null",
     "train.progress_every_s=30",
     "evaluation.at_start=false",
     "evaluation.at_end=false",

@@ -1,11 +1,12 @@
 """Learning benchmark: does the whole system make the policy better at Diplomacy, measured honestly?
 
-    python -m diprl.bench learning [--minutes 25] [--compare | --only NAME...] [--out runs/bench-learning]
+    python -m diprl.bench learning [--minutes 30] [--compare | --only NAME...] [--out runs/bench-learning]
 
 One configuration = one real training run (`python -m diprl.train +experiment=random`: the hero
 against six Random bots, the tiny model on this machine's CPUs, local Ray, the PolicyServer, the
-learner, the league) with the same fixed evaluation before and after: 28 seeded games, every power
-4 times, 1 hero vs 6 Random, to the end of 1906. The gain is the mean over those 28 games of
+learner, the league) with the same fixed evaluation before and after: 56 seeded games (the LLM's
+samples seeded too), every power 8 times, 1 hero vs 6 Random, to the end of 1906. The gain is the mean
+over those 56 games of
 (hero centres after - hero centres before), paired game by game (same seed, same power), with a
 95% interval from a paired bootstrap.
 
@@ -13,7 +14,9 @@ Bare, it runs the default configuration (from scratch, `train_turns=fork`); `--c
 four: {from scratch, imitation warm start} x {train_turns fork, all}. Reference (hero mean centres at
 the end of 1906 against 6 Random): Random 4.0, Chaos 5.7, Territorial 15.3, DumbBot 17.1.
 
-Last line, for the default configuration:
+With a warm-start configuration, `warm_start_sc=<hero centres before any RL>` and
+`warm_start_gain_lo=<lower 95% bound of its gain>` come on lines of their own. Last line, for the
+default configuration:
 `sc_before=<x> sc_after=<y> learning_gain=<y-x> learning_gain_lo=<lower 95% bound>`.
 """
 
@@ -29,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-EVAL_GAMES = 28
+EVAL_GAMES = 56
 EVAL_MAX_YEAR = 1906
 
 
@@ -163,9 +166,19 @@ def warm_start_overrides(adapter: str, model: str) -> list[str]:
     return [f"learner.init_adapter={adapter}", f"model={model}", f"inference.max_lora_rank={max(8, rank)}"]
 
 
+def warm_start_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The warm start's own lines: its strength before any RL, and the lower bound of RL's gain from it
+    (the best warm-start configuration run, by that bound)."""
+    warm = [r for r in rows if r["variant"].startswith("imitation")]
+    if not warm:
+        return []
+    best = max(warm, key=lambda r: r["learning_gain_lo"])
+    return [f"warm_start_sc={best['sc_before']:.3f}", f"warm_start_gain_lo={best['learning_gain_lo']:.3f}"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench learning", description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=25.0, help="training minutes per configuration")
+    parser.add_argument("--minutes", type=float, default=30.0, help="training minutes per configuration")
     parser.add_argument("--compare", action="store_true", help="run all four configurations")
     parser.add_argument(
         "--only",
@@ -186,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"| {r['variant']} | {r['train_steps']} | {r['groups']} | {r['sc_before']:.2f} | {r['sc_after']:.2f} "
             f"| {r['learning_gain']:+.2f} [{r['learning_gain_lo']:+.2f}, {r['learning_gain_hi']:+.2f}] |"
         )
+    for line in warm_start_lines(rows):
+        print(line)
     d = next((r for r in rows if r["variant"] == DEFAULT.name), rows[0])
     if d["variant"] != DEFAULT.name:
         print(f"(the default configuration was not run; the last line is {d['variant']})")

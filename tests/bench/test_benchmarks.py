@@ -53,3 +53,36 @@ def test_learning_benchmark_runs_the_chosen_configurations() -> None:
     assert [v.name for v in picked] == ["scratch-all", "imitation-all"]
     with pytest.raises(ValueError, match="unknown configuration"):
         chosen_variants(False, ["scratch-forks"])
+
+
+def test_the_warm_start_gets_lines_of_its_own() -> None:
+    from diprl.bench.learning import warm_start_lines
+
+    rows = [
+        {"variant": "scratch-fork", "sc_before": 4.0, "learning_gain_lo": 0.5},
+        {"variant": "imitation-fork", "sc_before": 6.5, "learning_gain_lo": -0.2},
+        {"variant": "imitation-all", "sc_before": 6.5, "learning_gain_lo": 0.1},
+    ]
+    assert warm_start_lines(rows) == ["warm_start_sc=6.500", "warm_start_gain_lo=0.100"]
+    assert warm_start_lines(rows[:1]) == []
+
+
+def test_experience_benchmark_pairs_old_and_new_settings_and_divides_records_per_second() -> None:
+    from diprl.bench.experience import OLD, settings, speedups
+
+    chosen = settings(None, ["small"])
+    assert [s.label for s in chosen] == ["random old", "random new", "random new:small", "selfplay old", "selfplay new"]
+    assert chosen[0].overrides == tuple(OLD) and "model=tiny_qwen" in OLD and chosen[1].overrides == ()
+    assert chosen[2].overrides == ("model=small",)
+    assert [s.label for s in settings("selfplay", ["small"])] == ["selfplay old", "selfplay new"]
+    rates = {"random old": 1.0, "random new": 6.5, "random new:small": 4.0, "selfplay old": 0.1, "selfplay new": 2.0}
+    fields = speedups({k: {"records_trained_per_s": v} for k, v in rates.items()})
+    assert fields == pytest.approx(
+        {
+            "experience_old": 1.0,
+            "experience_new": 6.5,
+            "experience_speedup": 6.5,
+            "experience_speedup_small": 4.0,
+            "experience_selfplay_speedup": 20.0,
+        }
+    )
