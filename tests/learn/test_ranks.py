@@ -51,9 +51,9 @@ def test_a_batch_is_split_by_tokens_deterministically_with_prompts_kept_whole() 
 
 
 def test_config_errors_name_the_field() -> None:
-    with pytest.raises(ValueError, match="ranks must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"ranks must be >= 1 .*got 0"):
         LearnerConfig(ranks=0)
-    with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
+    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1 or 2, got 3: ZeRO-3 .* is not supported"):
         LearnerConfig(ranks=2, zero_stage=3)
 
 
@@ -187,3 +187,17 @@ def test_a_lost_rank_restarts_the_group_from_its_checkpoint_and_no_step_is_lost_
     assert steps == [1, 2, 3, 4]  # each step once: none lost, none repeated
     assert not (root / "run" / "learner" / "main" / "pending.json").exists()
     assert _largest_difference(_published(actor, root, like), reference[3]["weights"]) < 1e-5
+
+
+def test_a_group_the_cluster_cannot_hold_is_refused_naming_what_it_lacks(group: tuple[Any, Any, Path]) -> None:
+    import ray
+
+    from diprl.learn.learner import learner_actor
+
+    _, _, root = group
+    config = replace(CONFIG, ranks=2, policy="wide")
+    actor = learner_actor(config, root / "wide", root / "wide-adapters", resources={"gpu_box": 0.5})
+    with pytest.raises(
+        Exception, match=r"learner.ranks=2 for wide needs 2 bundles .*gpu_box: needs 1, the cluster has 0"
+    ):
+        ray.get(actor.pid_of.remote(), timeout=60)
