@@ -24,7 +24,7 @@ pass under that version's weights (the price of a correct ratio under policy lag
 actor as in a run (a local Ray, or `$RAY_ADDRESS`), take the same full steps on the same batches,
 publishing every step; their tokens/s are printed side by side, and `rank_parity=` is the largest
 absolute difference between their LoRA weights after two steps (the same update, up to float
-summation order). On CPU each rank runs one torch thread; the one-rank learner torch's default.
+summation order). Every rank, and the one-rank learner, is a Ray actor of one CPU (one torch thread).
 
 Tokens are prompt + completion tokens of the records (unpadded), the same count for every path; the
 tokens each path forwards are printed beside. Last line: `learner_tokens_per_s=<shared>
