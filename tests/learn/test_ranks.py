@@ -189,6 +189,25 @@ def test_a_lost_rank_restarts_the_group_from_its_checkpoint_and_no_step_is_lost_
     assert _largest_difference(_published(actor, root, like), reference[3]["weights"]) < 1e-5
 
 
+def test_a_reset_rebuilds_every_rank_and_the_group_trains_on(
+    group: tuple[Any, Any, Path], batches: list[list[TrajectoryGroup]]
+) -> None:
+    """An exploiter's reset on a group: every rank builds a fresh LoRA at once, rank 0 publishes it."""
+    import ray
+
+    from diprl.learn.model import build_peft_model
+    from diprl.messages import PolicyRef
+
+    actor, queue, root = group
+    like = build_peft_model(load_preset("tiny"), CONFIG)
+    before, step = ray.get(actor.latest_version.remote()), ray.get(actor.state.remote())["step"]
+    fresh = ray.get(actor.reset.remote())
+    assert PolicyRef.parse(fresh).version == PolicyRef.parse(before).version + 1
+    assert all(float(t.abs().max()) == 0 for n, t in _published(actor, root, like).items() if "lora_B" in n)
+    report = _step(actor, queue, batches[0])
+    assert report.trained and report.step == step + 1 and report.metrics["ranks"] == 2
+
+
 def test_a_group_the_cluster_cannot_hold_is_refused_naming_what_it_lacks(group: tuple[Any, Any, Path]) -> None:
     import ray
 
