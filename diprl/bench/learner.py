@@ -320,6 +320,7 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
             actor = learner_actor(replace(config, ranks=n), root / "run", root / "adapters", name=f"learner-bench-{n}")
             ray.get(actor.pid_of.remote())
             times: list[float] = []
+            splits: dict[str, list[float]] = {key: [] for key in SPLITS}
             for k, batch in enumerate(batches):
                 version = ray.get(actor.latest_version.remote())
                 labelled = [
@@ -328,15 +329,18 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
                 ]
                 t0 = time.perf_counter()
                 report = ray.get(actor.train_step.remote(labelled))
-                if k > 0:
-                    times.append(time.perf_counter() - t0)
                 if report is None or not report.trained:
                     raise RuntimeError(f"the {n}-rank learner step trained nothing: {report}")
+                if k > 0:
+                    times.append(time.perf_counter() - t0)
+                    for key in SPLITS:
+                        splits[key].append(float(report.metrics[key]))
                 if k == 1:
                     path = AdapterStore(root / "adapters").resolve(str(report.version)).path
                     weights[n] = read_adapter_dir(path, like)
                 bar.update()
             out[f"ranks_{n}_step_s"] = statistics.fmean(times)
+            out.update({f"ranks_{n}_{key}": statistics.fmean(values) for key, values in splits.items()})
             out[f"ranks_{n}_tokens_per_s"] = sum(tokens[1:]) / sum(times)
             ray.kill(actor)
     one, many = weights[1], weights[args.ranks]
@@ -418,6 +422,8 @@ def _print_ranks(args: argparse.Namespace, r: dict[str, float]) -> int:
     )
     print(f"1 rank:  {r['ranks_1_step_s']:.3f} s per step ({r['ranks_1_tokens_per_s']:.0f} tokens/s)")
     print(f"{n} ranks: {r[f'ranks_{n}_step_s']:.3f} s per step ({r[f'ranks_{n}_tokens_per_s']:.0f} tokens/s)")
+    for name in ("ranks_1", f"ranks_{n}"):
+        print(f"step split, {name.replace('_', ' ')} (mean s, rank 0): {_split_line(r, name)}")
     print(
         f"learner_tokens_per_s_1={r['ranks_1_tokens_per_s']:.1f} learner_tokens_per_s_{n}="
         f"{r[f'ranks_{n}_tokens_per_s']:.1f} rank_speedup={r['speedup']:.3f} rank_parity={r['rank_parity']:.3g}"
