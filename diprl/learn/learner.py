@@ -924,18 +924,20 @@ class Learner:
                 f"{self.dist.world_size}: ZeRO partitions its optimiser state by rank, so resume it with "
                 f"learner.ranks={written_by} (or start a new run)"
             )
+        state = read_state(checkpoint.path, LEARNER_STATE)
+        rng = state["rng"]
         if self.dist.writer:
             restore_engine_state(self.engine, read_state(checkpoint.path, ENGINE_STATE))
-        else:
+        else:  # this rank's ZeRO partition and its own RNG states
             part = read_state(checkpoint.path, _rank_state(self.dist.rank))
             restore_engine_state(self.engine, part["engine"])
-        state = read_state(checkpoint.path, LEARNER_STATE)
+            rng = part["rng"]
         self.step = int(state["step"])
         self.versions.restore(state)
         self.weights_version = state["weights_version"]
         self.counters.update(state["counters"])
         self.ema = {k: v.float() for k, v in state["ema"].items()}
-        restore_rng_state(state["rng"] if self.dist.writer else part["rng"])
+        restore_rng_state(rng)
         self.last_checkpoint = checkpoint.path
         logger.info("restored %s from %s (step %d)", self.config.policy, checkpoint.path, self.step)
 
