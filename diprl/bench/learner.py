@@ -1,7 +1,7 @@
 """Learner benchmark: full GRPO steps with and without shared prefixes, next to a bare loop, on the same batches.
 
     python -m diprl.bench learner [--groups 4] [--forks 8] [--steps 4] [--lagged 0.0] [--model tiny]
-        [--micro-batch-tokens 8192] [--prefix-min-tokens 16] [--gradient-checkpointing] [--bf16]
+        [--micro-batch-tokens 8192] [--prefix-min-tokens 16] [--gradient-checkpointing] [--bf16] [--ranks 1]
 
 Groups come from mid-game movement states (8+ units) with the uniform constrained sampler's
 completions and random +-1 advantages. Each timed round runs, on the same groups:
@@ -19,6 +19,12 @@ completions and random +-1 advantages. Each timed round runs, on the same groups
 
 `--lagged` is the fraction of groups sampled by the previous version: those need the recompute
 pass under that version's weights (the price of a correct ratio under policy lag).
+
+`--ranks N` (N > 1) instead compares learner groups (`learner.ranks`): one rank and N ranks, each a Ray
+actor as in a run (a local Ray, or `$RAY_ADDRESS`), take the same full steps on the same batches,
+publishing every step; their tokens/s are printed side by side, and `rank_parity=` is the largest
+absolute difference between their LoRA weights after two steps (the same update, up to float
+summation order). Every rank, and the one-rank learner, is a Ray actor of one CPU (one torch thread).
 
 Tokens are prompt + completion tokens of the records (unpadded), the same count for every path; the
 tokens each path forwards are printed beside. Last line: `learner_tokens_per_s=<shared>
@@ -247,6 +253,102 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+def run_ranks(args: argparse.Namespace) -> dict[str, float]:
+    """One rank against `args.ranks` ranks on the same batches: tokens/s of full steps, and parity after two."""
+    import os
+    from dataclasses import replace
+
+    import ray
+    import torch
+
+    from diprl.bench.constraint import mid_game_states
+    from diprl.inference.adapters import AdapterStore
+    from diprl.learn.config import LearnerConfig
+    from diprl.learn.learner import learner_actor
+    from diprl.learn.model import build_peft_model, read_adapter_dir
+    from diprl.policy.models import load_preset, resolve_model_path
+    from diprl.policy.tokenizer import load_tokenizer
+    from diprl.policy.vocab import token_table
+    from diprl.raysession import ray_session
+
+    cuda = torch.cuda.is_available()
+    preset = load_preset(args.model)
+    tokenizer = load_tokenizer(resolve_model_path(preset))
+    table = token_table(tokenizer, preset.tiny.vocab_size if preset.tiny is not None else None)
+    rounds = max(args.steps, 2) + 1  # the first is an untimed warm-up; parity is read after two steps
+    states = mid_game_states(args.groups * rounds, seed=args.seed)
+    batches = [
+        make_groups(
+            states[k * args.groups : (k + 1) * args.groups],
+            args.forks,
+            ["main@v1"] * args.groups,
+            table,
+            tokenizer,
+            seed=args.seed + k,
+        )
+        for k in range(rounds)
+    ]
+    tokens = [sum(len(r.prompt_ids) + len(r.completion_ids) for g in b for r in g.records) for b in batches]
+    config = LearnerConfig(
+        model=args.model,
+        micro_batch_tokens=args.micro_batch_tokens,
+        groups_per_step=args.groups,
+        checkpoint_every=0,
+        max_policy_lag=rounds,
+        kl_coef=args.kl_coef,
+        use_gpu=cuda,
+        bf16=args.bf16,
+        gradient_checkpointing=args.gradient_checkpointing,
+        prefix_min_tokens=args.prefix_min_tokens,
+    )
+    like = build_peft_model(preset, config)
+    out: dict[str, float] = {"tokens_per_step": statistics.fmean(tokens[1:])}
+    weights: dict[int, dict[str, Any]] = {}
+    # A local Ray declares a CPU per rank even on a smaller machine (the ranks then share cores); a
+    # cluster ($RAY_ADDRESS) has its own.
+    local: dict[str, Any] = (
+        {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(args.ranks + 1, os.cpu_count() or 1)}
+    )
+    bar = progress_bar(2 * rounds, "learner steps (1 rank, then groups)", bar_enabled(args.quiet), "step")
+    with (
+        bar,
+        ray_session(**local),
+        tempfile.TemporaryDirectory(prefix="diprl-bench-ranks-") as tmp,
+    ):
+        for n in (1, args.ranks):
+            root = Path(tmp) / f"ranks-{n}"
+            actor = learner_actor(replace(config, ranks=n), root / "run", root / "adapters", name=f"learner-bench-{n}")
+            ray.get(actor.pid_of.remote())
+            times: list[float] = []
+            splits: dict[str, list[float]] = {key: [] for key in SPLITS}
+            for k, batch in enumerate(batches):
+                version = ray.get(actor.latest_version.remote())
+                labelled = [
+                    replace(g, policy_version=version, records=[replace(r, policy_version=version) for r in g.records])
+                    for g in batch
+                ]
+                t0 = time.perf_counter()
+                report = ray.get(actor.train_step.remote(labelled))
+                if report is None or not report.trained:
+                    raise RuntimeError(f"the {n}-rank learner step trained nothing: {report}")
+                if k > 0:
+                    times.append(time.perf_counter() - t0)
+                    for key in SPLITS:
+                        splits[key].append(float(report.metrics[key]))
+                if k == 1:
+                    path = AdapterStore(root / "adapters").resolve(str(report.version)).path
+                    weights[n] = read_adapter_dir(path, like)
+                bar.update()
+            out[f"ranks_{n}_step_s"] = statistics.fmean(times)
+            out.update({f"ranks_{n}_{key}": statistics.fmean(values) for key, values in splits.items()})
+            out[f"ranks_{n}_tokens_per_s"] = sum(tokens[1:]) / sum(times)
+            ray.kill(actor)
+    one, many = weights[1], weights[args.ranks]
+    out["rank_parity"] = max(float((one[k] - many[k]).abs().max()) for k in one)
+    out["speedup"] = out[f"ranks_{args.ranks}_tokens_per_s"] / out["ranks_1_tokens_per_s"]
+    return out
+
+
 def _split_line(r: dict[str, float], name: str) -> str:
     return ", ".join(f"{key[5:-2]} {r[f'{name}_{key}']:.3f}" for key in SPLITS)
 
@@ -264,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ranks", type=int, default=1, help="> 1: compare 1 and this many learner ranks instead")
     add_console_flags(parser)
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
@@ -271,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need --steps, --groups, --forks >= 1 and 0 <= --lagged <= 1")
     if args.prefix_min_tokens < 1:
         parser.error("need --prefix-min-tokens >= 1")
+    if args.ranks < 1:
+        parser.error("need --ranks >= 1")
+    if args.ranks > 1:
+        return _print_ranks(args, run_ranks(args))
     r = run(args)
     print(
         f"{args.groups} groups x {args.forks} forks per step, {r['tokens_per_step']:.0f} tokens per step "
@@ -303,6 +410,23 @@ def main(argv: list[str] | None = None) -> int:
         f"learner_tokens_per_s={r['shared_tokens_per_s']:.1f} "
         f"learner_unshared_tokens_per_s={r['unshared_tokens_per_s']:.1f} "
         f"learner_efficiency={r['efficiency']:.3f} prefix_share_speedup={r['prefix_share_speedup']:.3f}"
+    )
+    return 0
+
+
+def _print_ranks(args: argparse.Namespace, r: dict[str, float]) -> int:
+    n = args.ranks
+    print(
+        f"{args.groups} groups x {args.forks} forks per step, {r['tokens_per_step']:.0f} tokens per step, "
+        f"{max(args.steps, 2)} timed steps each (full steps: recompute, ZeRO-2 forward/backward, optimiser, publish)"
+    )
+    print(f"1 rank:  {r['ranks_1_step_s']:.3f} s per step ({r['ranks_1_tokens_per_s']:.0f} tokens/s)")
+    print(f"{n} ranks: {r[f'ranks_{n}_step_s']:.3f} s per step ({r[f'ranks_{n}_tokens_per_s']:.0f} tokens/s)")
+    for name in ("ranks_1", f"ranks_{n}"):
+        print(f"step split, {name.replace('_', ' ')} (mean s, rank 0): {_split_line(r, name)}")
+    print(
+        f"learner_tokens_per_s_1={r['ranks_1_tokens_per_s']:.1f} learner_tokens_per_s_{n}="
+        f"{r[f'ranks_{n}_tokens_per_s']:.1f} rank_speedup={r['speedup']:.3f} rank_parity={r['rank_parity']:.3g}"
     )
     return 0
 

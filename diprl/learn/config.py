@@ -51,7 +51,9 @@ class LearnerConfig:
     # 0.13-0.26 GB and one is published every step). 0 keeps every version.
     keep_versions: int = 8
     zero_stage: int = 2
-    # Data-parallel learner ranks of this policy, one GPU each; a step's batch is split across them by tokens.
+    # Data-parallel learner ranks of this policy (one GPU, or one CPU, each) in one torch.distributed group
+    # under DeepSpeed ZeRO: a step's batch is split across them by tokens, rank 0 publishes and checkpoints
+    # (`diprl.learn.group`). A run resumes only with the number of ranks that wrote its checkpoints.
     ranks: int = 1
     bf16: bool = False  # GPU path; the tiny CPU model is float32 so its logprobs match vLLM's to ~1e-6
     gradient_checkpointing: bool = False
@@ -95,9 +97,16 @@ class LearnerConfig:
         need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         need(self.keep_versions >= 0, f"keep_versions must be >= 0 (0 keeps every version), got {self.keep_versions}")
         need(
-            self.zero_stage in (0, 1, 2), f"zero_stage must be 0, 1 or 2 (LoRA needs no ZeRO-3), got {self.zero_stage}"
+            self.zero_stage in (0, 1, 2),
+            f"zero_stage must be 0, 1 or 2, got {self.zero_stage}: ZeRO-3 (base weights partitioned over the "
+            "ranks) is not supported by the learner yet (it applies the frozen LM head outside DeepSpeed's module "
+            "and checkpoints ZeRO-1/2 optimiser partitions); with zero_stage 2 add ranks (the LoRA optimiser "
+            "state is split over them), enable gradient_checkpointing or lower micro_batch_tokens",
         )
-        need(self.ranks >= 1, f"ranks must be >= 1, got {self.ranks}")
+        need(
+            self.ranks >= 1,
+            f"ranks must be >= 1 (data-parallel learner ranks of this policy, one GPU or CPU each), got {self.ranks}",
+        )
         need(self.prefix_min_tokens >= 1, f"prefix_min_tokens must be >= 1, got {self.prefix_min_tokens}")
         need(self.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens must be >= 1, got {self.logprob_chunk_tokens}")
         if problems:

@@ -59,10 +59,12 @@ from diprl.learn.model import (
     build_peft_model,
     completion_logprobs,
     load_lora_state_,
+    lora_parameters,
     lora_state,
     make_engine,
     read_adapter_dir,
 )
+from diprl.learn.ranks import Collective, RankSpec, split_by_tokens
 from diprl.learn.state_files import read_state, state_paths, write_state
 from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
 from diprl.learn.versions import VersionBook
@@ -123,8 +125,11 @@ class Learner:
         adapter_root: str | Path,
         registry: str | None = None,
         queue: str | None = None,
+        rank: RankSpec | None = None,
     ) -> None:
         self.config = config
+        self.rank_spec = rank  # None: the learner is one process; else one rank of a group (`diprl.learn.group`)
+        self.dist = Collective(rank)
         self.preset = load_preset(config.model)
         self.run_dir = Path(run_dir)
         self.store = AdapterStore(adapter_root)
@@ -199,7 +204,7 @@ class Learner:
 
         self.peft = build_peft_model(self.preset, replace(self.config, seed=seed), adapter_dir)
         self.module = CompletionHidden(self.peft)
-        self.engine = make_engine(self.module, self.config)
+        self.engine = make_engine(self.module, self.config, self.rank_spec)
         self.device = next(self.module.parameters()).device
         self.ema = lora_state(self.peft)
 
@@ -224,17 +229,38 @@ class Learner:
         return self.version
 
     def publish(self) -> str:
-        """Publish the current LoRA weights as the next version of the policy (and register it if configured)."""
-        if self.registry is not None:
-            from diprl.inference.registry import publish_everywhere
+        """Publish the current LoRA weights as the next version of the policy (and register it if configured).
 
-            ref = publish_everywhere(self.store, self.config.policy, self.peft, self.registry)
-        else:
-            ref = self.store.publish(self.config.policy, self.peft, base_model=base_model_name(self.preset))
-        self.versions.published(ref.name, lora_state(self.peft))
-        self.weights_version = ref.name
-        logger.info("published %s at step %d", ref.name, self.step)
-        return ref.name
+        In a group every rank calls it at the same point: rank 0 writes the version, the others learn
+        its number (their weights are the same) and fail alike when rank 0's write failed.
+        """
+        name, error = None, None
+        if self.dist.writer:
+            try:
+                if self.registry is not None:
+                    from diprl.inference.registry import publish_everywhere
+
+                    name = publish_everywhere(self.store, self.config.policy, self.peft, self.registry).name
+                else:
+                    name = self.store.publish(
+                        self.config.policy, self.peft, base_model=base_model_name(self.preset)
+                    ).name
+            except (OSError, AdapterError) as err:
+                if not self.dist.grouped:
+                    raise
+                error = err
+        if self.dist.grouped:
+            number = self.dist.broadcast_int(self.versions.number(name) if name is not None else -1)
+            if error is not None:
+                raise error
+            if number < 0:
+                raise OSError(f"{self.config.policy}: rank 0 could not publish the next version")
+            name = f"{self.config.policy}@v{number}"
+        assert name is not None
+        self.versions.published(name, lora_state(self.peft))
+        self.weights_version = name
+        logger.info("published %s at step %d", name, self.step)
+        return name
 
     def reset(self) -> str:
         """A fresh LoRA (exploiter reset): new weights, optimiser state and EMA; published as the next version.
@@ -393,17 +419,39 @@ class Learner:
 
         Nothing is pickled (see `state_files`): DeepSpeed's own checkpoint is not used, its state is
         taken through the engine (`train_state`). The PEFT `adapter/` copy is for people and tools.
+        In a group every rank calls it at once: ZeRO partitions the master weights and Adam moments,
+        so rank 0 gathers each rank's partition (and RNG states) and writes them as `rank<r>` beside
+        its own; the checkpoint's meta records the number of ranks that can restore it.
         """
+        dist = self.dist
+        mine = None if dist.writer else {"engine": _cpu(engine_state(self.engine)), "rng": rng_state()}
+        parts = dist.gather_plain(mine)
+        meta: dict[str, Any] = {"policy": self.config.policy, "step": self.step, "version": self.version}
+        if dist.grouped:
+            meta["ranks"] = dist.world_size
 
         def write(tmp: Path) -> None:
             write_state(tmp, ENGINE_STATE, engine_state(self.engine))
+            for r, part in enumerate((parts or [])[1:], start=1):
+                write_state(tmp, _rank_state(r), part)
             write_state(tmp, LEARNER_STATE, self._state_dict())
             self.peft.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
 
-        self.last_checkpoint = self.checkpoints.save(
-            self.step, write, meta={"policy": self.config.policy, "step": self.step, "version": self.version}
-        )
-        return self.last_checkpoint
+        path, error = None, None
+        if dist.writer:
+            try:
+                path = self.checkpoints.save(self.step, write, meta=meta)
+            except OSError as err:
+                if not dist.grouped:
+                    raise
+                error = err
+        if dist.grouped:
+            if not dist.broadcast_int(int(path is not None)):
+                raise error or OSError(f"{self.config.policy}: rank 0 could not write checkpoint step-{self.step}")
+            path = path or self.checkpoints.root / f"step-{self.step}"
+        assert path is not None
+        self.last_checkpoint = path
+        return path
 
     def pid_of(self) -> int:
         return os.getpid()
@@ -450,7 +498,7 @@ class Learner:
 
         A failing write (a full disk) is logged, not raised: the step's metrics still name every entry.
         """
-        if not entries:
+        if not entries or not self.dist.writer:
             return
         step = self.step + 1
         lines = "".join(
@@ -565,17 +613,23 @@ class Learner:
         prepared = screened.prepared
         if not prepared:
             return self._no_step(extra, start, quarantined)
-        self._recompute(prepared, rl)
+        mine = self._share(prepared)
+        self._recompute([prepared[i] for i in mine], rl)
         t1 = time.perf_counter()
         total_tokens = sum(len(r.completion_ids) for r in prepared)
-        batches = self._batches(prepared, cfg.grad_accum)
+        own = [prepared[i] for i in mine]
+        batches = [([mine[j] for j in idx], mb) for idx, mb in self._batches(own, cfg.grad_accum)] if own else []
+        # Every rank back-propagates as many times (ZeRO reduces gradients in each backward): a rank
+        # with fewer micro-batches adds empty ones. DeepSpeed averages over the ranks: scale up by their number.
+        steps = self.dist.max_int(len(batches))
+        scale = self.dist.world_size
         stats = LossStats()
         loss_total = 0.0
         excluded: set[int] = set()
         blamed_entries: list[dict[str, Any]] = []
         self.engine.train()
         for i, (idx, mb) in enumerate(batches):
-            self.engine.set_gradient_accumulation_boundary(i == len(batches) - 1)
+            self.engine.set_gradient_accumulation_boundary(i == steps - 1)
             logp, entropy = self._logprobs(mb, with_entropy=rl, grad=True)
             loss, part = self._micro_loss(mb, logp, entropy, rl, total_tokens)
             if not torch.isfinite(loss):
@@ -603,9 +657,18 @@ class Learner:
                         i,
                         part.summary(),
                     )
-            self.engine.backward(loss)
+            self.engine.backward(loss * scale if scale > 1 else loss)
             loss_total += float(loss.detach())
             stats.merge(part)
+        for i in range(len(batches), steps):
+            self.engine.set_gradient_accumulation_boundary(i == steps - 1)
+            self.engine.backward(sum((p * 0.0).sum() for p in lora_parameters(self.module).values()))
+        counts = [sum(mb.padded_tokens for _, mb in batches), len(batches)]
+        if self.dist.grouped:  # the whole group's figures, and the records any rank quarantined
+            blamed_entries, excluded, stats = self._gather_step(screened, blamed_entries, excluded, stats)
+            loss_total, *summed = self.dist.sum_floats([loss_total, *counts])
+            counts = [int(c) for c in summed]
+        padded, real_batches = counts
         t2 = time.perf_counter()
         self.engine.step()
         grad_norm = self.engine.get_global_grad_norm()
@@ -638,8 +701,8 @@ class Learner:
             "lr": cfg.lr,
             "records": len(trained),
             "tokens": trained_tokens,
-            "padded_tokens": sum(mb.padded_tokens for _, mb in batches),
-            "micro_batches": len(batches),
+            "padded_tokens": int(padded),
+            "micro_batches": int(real_batches),
             "time_recompute_s": t1 - t0,
             "time_fwd_bwd_s": t2 - t1,
             "time_optimizer_s": t3 - t2,
@@ -650,6 +713,8 @@ class Learner:
             **extra,
         }
         metrics["tokens_per_s"] = trained_tokens / max(metrics["time_step_s"], 1e-9)
+        if self.dist.grouped:
+            metrics["ranks"] = self.dist.world_size
         return self._report(
             StepReport(
                 policy=cfg.policy,
@@ -663,6 +728,33 @@ class Learner:
                 metrics=metrics,
             )
         )
+
+    def _share(self, prepared: Sequence[PreparedRecord]) -> list[int]:
+        """Indices of the records this rank trains: all of them alone, else its share by tokens (prompts kept whole)."""
+        if not self.dist.grouped:
+            return list(range(len(prepared)))
+        costs = [r.length for r in prepared]
+        keys = [tuple(r.prompt_ids) for r in prepared]
+        return split_by_tokens(costs, keys, self.dist.world_size)[self.dist.rank]
+
+    def _gather_step(
+        self, screened: Screened, entries: list[dict[str, Any]], excluded: set[int], stats: LossStats
+    ) -> tuple[list[dict[str, Any]], set[int], LossStats]:
+        """The whole group's quarantined records (every rank, rank 0 writes them) and loss statistics."""
+        everywhere = self.dist.union(excluded, len(screened.prepared))
+        for i in sorted(everywhere - excluded):
+            entries.append(
+                _quarantine_entry(
+                    "nonfinite_loss",
+                    f"{self.config.policy} step {self.step + 1}: the record's own loss is not finite (another rank)",
+                    screened.origins[i],
+                    screened.records[i],
+                )
+            )
+        merged = LossStats()
+        for part in self.dist.all_plain(asdict(stats)):
+            merged.merge(LossStats(**part))
+        return entries, everywhere, merged
 
     def _micro_loss(
         self,
@@ -802,6 +894,8 @@ class Learner:
 
         The metrics also return to the driver, whose `metrics.jsonl` is the run's record.
         """
+        if not self.dist.writer:
+            return
         try:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with self.metrics_path.open("a") as fh:
@@ -823,14 +917,27 @@ class Learner:
         }
 
     def _restore(self, checkpoint: Checkpoint) -> None:
-        restore_engine_state(self.engine, read_state(checkpoint.path, ENGINE_STATE))
+        written_by = int(checkpoint.meta.get("ranks", 1))
+        if written_by != self.dist.world_size:
+            raise ValueError(
+                f"{checkpoint.path} was written by a group of {written_by} learner rank(s) and learner.ranks is "
+                f"{self.dist.world_size}: ZeRO partitions its optimiser state by rank, so resume it with "
+                f"learner.ranks={written_by} (or start a new run)"
+            )
         state = read_state(checkpoint.path, LEARNER_STATE)
+        rng = state["rng"]
+        if self.dist.writer:
+            restore_engine_state(self.engine, read_state(checkpoint.path, ENGINE_STATE))
+        else:  # this rank's ZeRO partition and its own RNG states
+            part = read_state(checkpoint.path, _rank_state(self.dist.rank))
+            restore_engine_state(self.engine, part["engine"])
+            rng = part["rng"]
         self.step = int(state["step"])
         self.versions.restore(state)
         self.weights_version = state["weights_version"]
         self.counters.update(state["counters"])
         self.ema = {k: v.float() for k, v in state["ema"].items()}
-        restore_rng_state(state["rng"])
+        restore_rng_state(rng)
         self.last_checkpoint = checkpoint.path
         logger.info("restored %s from %s (step %d)", self.config.policy, checkpoint.path, self.step)
 
@@ -845,16 +952,19 @@ class Learner:
         """
         from diprl.atomic_io import move_jsonl_records
 
-        moved = move_jsonl_records(
-            self.metrics_path,
-            self.metrics_path.with_name("metrics.superseded.jsonl"),
-            lambda r: int(r.get("step", 0)) > self.step,
-        )
-        latest = self.store.latest(self.config.policy)
-        if latest is None or self.version is None or latest.name == self.version:
+        moved, lost = 0, None
+        if self.dist.writer:
+            moved = move_jsonl_records(
+                self.metrics_path,
+                self.metrics_path.with_name("metrics.superseded.jsonl"),
+                lambda r: int(r.get("step", 0)) > self.step,
+            )
+            latest = self.store.latest(self.config.policy)
+            if latest is not None and self.version is not None and latest.name != self.version:
+                lost = latest.name
+        if not self.dist.broadcast_int(int(lost is not None)):  # rank 0 decides; every rank publishes
             return
         restored_weights = self.weights_version
-        lost = latest.name
         self.publish()
         if restored_weights is not None:
             self.weights_version = restored_weights
@@ -868,6 +978,22 @@ class Learner:
             lost,
             self.version,
         )
+
+
+def _rank_state(rank: int) -> str:
+    """The checkpoint file name of rank `rank`'s ZeRO partition and RNG states (rank 0's are `engine`, `learner`)."""
+    return f"rank{rank}"
+
+
+def _cpu(tree: Any) -> Any:
+    """`tree` with every tensor moved to the CPU (what crosses to rank 0 for its checkpoint)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: _cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_cpu(v) for v in tree)
+    return tree
 
 
 def _text(value: Any) -> str | None:
@@ -907,9 +1033,16 @@ def learner_actor(
     GPU when `config.use_gpu`, else one CPU with DeepSpeed on its CPU accelerator. The GPU is a whole one:
     Ray never hands a fraction of it to a PolicyServer replica (`python -m diprl.plan` counts the same way).
     `resources` (custom resources, `placement.learner`) keep it on the nodes that declare them, restarts too.
+    With `config.ranks` > 1 it is a `diprl.learn.group.LearnerGroup` of that many ranks with the same API.
     """
     import ray
 
+    if config.ranks > 1:
+        from diprl.learn.group import group_actor
+
+        return group_actor(
+            config, run_dir, adapter_root, registry, name or f"learner-{config.policy}", namespace, queue, resources
+        )
     env = {"DS_BUILD_OPS": "0"} if config.use_gpu else {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
     options: dict[str, Any] = {
         "name": name or f"learner-{config.policy}",

@@ -24,6 +24,7 @@ from torch import nn
 from diprl.learn.config import LearnerConfig
 from diprl.learn.prefix import PrefixLayout
 from diprl.learn.prefix_attention import IMPLEMENTATION, use_prefix_attention
+from diprl.learn.ranks import RankSpec
 from diprl.policy.logprobs import allowed_mask
 from diprl.policy.models import ModelPreset, resolve_model_path
 
@@ -223,12 +224,14 @@ def process_group_options(use_gpu: bool, local_rank: int) -> dict[str, Any]:
     return {"backend": "nccl", "device_id": torch.device("cuda", local_rank)}
 
 
-def init_distributed(use_gpu: bool) -> None:
-    """A one-process torch.distributed group for DeepSpeed (gloo on CPU, NCCL on GPU), once per process.
+def init_distributed(use_gpu: bool, rank: RankSpec | None = None) -> None:
+    """The torch.distributed group for DeepSpeed (gloo on CPU, NCCL on GPU), once per process.
 
+    Without `rank`, a one-process group; with it, rank `rank.rank` of a learner group of
+    `rank.world_size` processes that meet at `rank.init_method` (rank 0's `tcp://` address).
     On CPU nothing is compiled: DeepSpeed's shared-memory collective would build a C++ op on first
-    use (about a minute), so it is switched off; gloo does the (trivial, one-rank) reductions. The
-    group is created here (DeepSpeed's initialiser takes no device) and DeepSpeed adopts it.
+    use (about a minute), so it is switched off; gloo does the reductions. The group is created here
+    (DeepSpeed's initialiser takes no device) and DeepSpeed adopts it.
     """
     import deepspeed
 
@@ -237,28 +240,32 @@ def init_distributed(use_gpu: bool) -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    # The group has one rank and lives in this process. Its rendezvous is a file, not a TCP store: a TCP
-    # store would need a port free HERE (a parent's inherited MASTER_PORT is still bound by that parent)
-    # and torch's socket code asks DNS for the name of ::ffff:127.0.0.1 when it connects.
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ[key] = value
-    os.environ["MASTER_PORT"] = str(_free_port())
     if not use_gpu:
-        # gloo otherwise resolves this machine's host name (a DNS query) to pick its interface; the
-        # one-rank group talks to itself over loopback.
+        # gloo otherwise resolves this machine's host name (a DNS query) to pick its interface.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    rendezvous = Path(tempfile.mkdtemp(prefix="diprl-learner-")) / "rendezvous"
+    if rank is None:
+        # The group has one rank and lives in this process. Its rendezvous is a file, not a TCP store: a
+        # TCP store would need a port free HERE (a parent's inherited MASTER_PORT is still bound by that
+        # parent) and torch's socket code asks DNS for the name of ::ffff:127.0.0.1 when it connects.
+        rank = RankSpec(0, 1, (Path(tempfile.mkdtemp(prefix="diprl-learner-")) / "rendezvous").as_uri())
+        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+    # Each rank is a Ray actor that sees only its own GPU: its local device is always 0.
+    for key, value in (("RANK", rank.rank), ("LOCAL_RANK", 0), ("WORLD_SIZE", rank.world_size)):
+        os.environ[key] = str(value)
     options = process_group_options(use_gpu, int(os.environ["LOCAL_RANK"]))
     if use_gpu:
         torch.cuda.set_device(options["device_id"])
-    torch.distributed.init_process_group(init_method=rendezvous.as_uri(), rank=0, world_size=1, **options)
+    torch.distributed.init_process_group(
+        init_method=rank.init_method, rank=rank.rank, world_size=rank.world_size, **options
+    )
     deepspeed.init_distributed(
         dist_backend=options["backend"],
         auto_mpi_discovery=False,
         verbose=False,
-        init_method=rendezvous.as_uri(),
-        rank=0,
-        world_size=1,
+        init_method=rank.init_method,
+        rank=rank.rank,
+        world_size=rank.world_size,
     )
 
 
@@ -280,11 +287,14 @@ def deepspeed_config(config: LearnerConfig) -> dict[str, Any]:
     }
 
 
-def make_engine(module: CompletionHidden, config: LearnerConfig) -> Any:
-    """DeepSpeed engine over `module` with a plain torch AdamW on the LoRA weights (nothing compiled)."""
+def make_engine(module: CompletionHidden, config: LearnerConfig, rank: RankSpec | None = None) -> Any:
+    """DeepSpeed engine over `module` with a plain torch AdamW on the LoRA weights (nothing compiled).
+
+    In a learner group every rank builds it at once: DeepSpeed's initialiser broadcasts rank 0's weights.
+    """
     import deepspeed
 
-    init_distributed(config.use_gpu)
+    init_distributed(config.use_gpu, rank)
     params = list(lora_parameters(module).values())
     if not params:
         raise ValueError("the model has no trainable parameters: was LoRA applied?")
