@@ -259,6 +259,7 @@ def init_distributed(use_gpu: bool, rank: RankSpec | None = None) -> None:
     torch.distributed.init_process_group(
         init_method=rank.init_method, rank=rank.rank, world_size=rank.world_size, **options
     )
+    _forget_destroyed_groups()
     deepspeed.init_distributed(
         dist_backend=options["backend"],
         auto_mpi_discovery=False,
@@ -267,6 +268,23 @@ def init_distributed(use_gpu: bool, rank: RankSpec | None = None) -> None:
         rank=rank.rank,
         world_size=rank.world_size,
     )
+
+
+def _forget_destroyed_groups() -> None:
+    """Drop DeepSpeed's cached process groups: they belong to a world group that is gone.
+
+    DeepSpeed clones the world group once and keeps it in module globals. When something else
+    destroyed the world (vLLM's in-process engine tears down torch.distributed on shutdown), a new
+    learner in the same process would reach DeepSpeed's dead clone and fail ("Group ... is not
+    registered"). DeepSpeed's own teardown releases them the same way; older versions lack the hook.
+    """
+    from deepspeed.utils import groups
+
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:
+        release(None)
+    else:
+        groups._WORLD_GROUP = None
 
 
 def deepspeed_config(config: LearnerConfig) -> dict[str, Any]:
