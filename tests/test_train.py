@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,12 +24,6 @@ from diprl.run.config import ConfigError, compose_config
 from diprl.run.rundir import prepare_run_dir
 from diprl.tracking import read_metrics
 from diprl.train import main
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(
@@ -231,7 +224,7 @@ def test_resume_refuses_a_changed_configuration_and_names_the_keys(tmp_path: Pat
         prepare_run_dir(config, resolved)
     assert "learner.checkpoint_every, rollout.episode.group_size;" in str(err.value)
     # Budgets (and how this invocation reaches its server) may change.
-    budget = ["train.max_steps=9", "train.max_minutes=1", "rollout.num_workers=3", f"inference.port={free_port()}"]
+    budget = ["train.max_steps=9", "train.max_minutes=1", "rollout.num_workers=3", "inference.port=0"]
     config, resolved = compose_config(["+experiment=smoke", f"train.resume={run_dir}", *budget])
     prepare_run_dir(config, resolved).release()
 
@@ -310,7 +303,7 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     run_dir = tmp_path / "run"
     common = ["+experiment=smoke", "train.dashboard=false", "learner.checkpoint_every=3"]
     chaos = "[rollout-0,league,learner-main,policy-server,group-ledger]"
-    port = f"inference.port={free_port()}"
+    port = "inference.port=0"
     assert main([*common, port, f"train.run_dir={run_dir}", f"train.chaos={chaos}", "train.max_steps=3"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     fields = dict(kv.split("=", 1) for kv in last.split())
@@ -338,7 +331,7 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     resume = [*common, f"train.resume={run_dir}", "train.wandb=false"]
     out = tmp_path / "killed.log"
     second = compose_config(resume)  # composed beforehand: the kill follows step 4 within milliseconds
-    proc = _start_train([*resume, f"inference.port={free_port()}", "train.max_steps=100"], out)
+    proc = _start_train([*resume, "inference.port=0", "train.max_steps=100"], out)
     try:
         _wait_for_step(proc, run_dir, 4, out)
         with pytest.raises(ConfigError, match="in use by another train run"):  # locked while it runs
@@ -359,7 +352,7 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
 
     # Resume: step 3 restored, its weights published anew after every version the lost steps left.
     out = tmp_path / "resumed.log"
-    proc = _start_train([*resume, f"inference.port={free_port()}", "train.max_steps=100"], out)
+    proc = _start_train([*resume, "inference.port=0", "train.max_steps=100"], out)
     try:
         _wait_for_step(proc, run_dir, 5, out)
         proc.send_signal(signal.SIGTERM)

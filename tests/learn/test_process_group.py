@@ -28,9 +28,10 @@ import torch
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 
-first = Learner(LearnerConfig(checkpoint_every=0), {str(tmp_path / "a")!r}, {str(tmp_path / "adapters")!r})
+adapters = {str(tmp_path / "adapters")!r}
+first = Learner(LearnerConfig(checkpoint_every=0), {str(tmp_path / "a")!r}, adapters)
 torch.distributed.destroy_process_group()  # what vLLM's shutdown does
-second = Learner(LearnerConfig(checkpoint_every=0, policy="other"), {str(tmp_path / "b")!r}, {str(tmp_path / "adapters")!r})
+second = Learner(LearnerConfig(checkpoint_every=0, policy="other"), {str(tmp_path / "b")!r}, adapters)
 print("second", second.latest_version())
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
