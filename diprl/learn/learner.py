@@ -101,6 +101,18 @@ class Screened:
     quarantined: list[dict[str, Any]]
 
 
+@dataclass
+class _Passes:
+    """What a step's forward and backward passes leave for the optimiser step and its report."""
+
+    loss: float
+    stats: LossStats
+    excluded: set[int]  # indices into the screened records left out for a non-finite loss
+    blamed: list[dict[str, Any]]  # their quarantine entries
+    padded_tokens: int
+    micro_batches: int
+
+
 class Learner:
     """The learner of one trained policy. Plain class; `learner_actor` makes it a restartable Ray actor.
 
@@ -616,11 +628,81 @@ class Learner:
         mine = self._share(prepared)
         self._recompute([prepared[i] for i in mine], rl)
         t1 = time.perf_counter()
+        passes = self._forward_backward(screened, mine, rl)
+        t2 = time.perf_counter()
+        self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
+        self._record_quarantine(passes.blamed)
+        quarantined += passes.blamed
+        if not self.engine.was_step_applied():
+            # DeepSpeed skips the update on non-finite gradients (and clears them): no step is taken.
+            self.counters["nonfinite_steps"] += 1
+            logger.error("%s: non-finite gradients, optimiser step skipped (%s)", cfg.policy, passes.stats.summary())
+            fault = {"fault": "nonfinite_gradients", "step": self.step + 1}
+            return self._no_step({**extra, "nonfinite_gradients": 1}, start, quarantined, [fault])
+        self.step += 1
+        self.weights_version = None
+        self._update_ema()
+        t3 = time.perf_counter()
+        faults: list[dict[str, Any]] = []
+        published = self._publish_in_step(faults)
+        t4 = time.perf_counter()
+        checkpoint = self._checkpoint_in_step(faults)
+        t5 = time.perf_counter()
+        trained = [r for k, r in enumerate(prepared) if k not in passes.excluded]
+        trained_tokens = sum(len(r.completion_ids) for r in trained)
+        self.counters["records_trained"] += len(trained)
+        self.counters["tokens_trained"] += trained_tokens
+        metrics: dict[str, Any] = {
+            "objective": objective,
+            "loss": passes.loss,
+            **passes.stats.summary(),
+            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "lr": cfg.lr,
+            "records": len(trained),
+            "tokens": trained_tokens,
+            "padded_tokens": passes.padded_tokens,
+            "micro_batches": passes.micro_batches,
+            "time_recompute_s": t1 - t0,
+            "time_fwd_bwd_s": t2 - t1,
+            "time_optimizer_s": t3 - t2,
+            "time_publish_s": t4 - t3,
+            "time_checkpoint_s": t5 - t4,
+            "time_step_s": t5 - start,
+            "quarantined": len(quarantined),
+            **extra,
+        }
+        metrics["tokens_per_s"] = trained_tokens / max(metrics["time_step_s"], 1e-9)
+        if self.dist.grouped:
+            metrics["ranks"] = self.dist.world_size
+        return self._report(
+            StepReport(
+                policy=cfg.policy,
+                step=self.step,
+                trained=True,
+                version=self.version,
+                published=published,
+                checkpoint=checkpoint,
+                faults=faults,
+                quarantined=_origins(quarantined),
+                metrics=metrics,
+            )
+        )
+
+    def _forward_backward(self, screened: Screened, mine: list[int], rl: bool) -> _Passes:
+        """Forward and backward over this rank's micro-batches, gradients accumulated for one optimiser step.
+
+        A micro-batch whose loss is not finite is searched for the records that cause it (`_blame`): they
+        are left out of the step and quarantined, the rest of the micro-batch trains. With a learner group
+        every rank back-propagates as many times (ZeRO reduces gradients in each backward: a rank with
+        fewer micro-batches adds empty ones), its loss scaled by the number of ranks (DeepSpeed averages
+        over them), and the figures returned are the whole group's.
+        """
+        cfg = self.config
+        prepared = screened.prepared
         total_tokens = sum(len(r.completion_ids) for r in prepared)
         own = [prepared[i] for i in mine]
         batches = [([mine[j] for j in idx], mb) for idx, mb in self._batches(own, cfg.grad_accum)] if own else []
-        # Every rank back-propagates as many times (ZeRO reduces gradients in each backward): a rank
-        # with fewer micro-batches adds empty ones. DeepSpeed averages over the ranks: scale up by their number.
         steps = self.dist.max_int(len(batches))
         scale = self.dist.world_size
         stats = LossStats()
@@ -668,66 +750,7 @@ class Learner:
             blamed_entries, excluded, stats = self._gather_step(screened, blamed_entries, excluded, stats)
             loss_total, *summed = self.dist.sum_floats([loss_total, *counts])
             counts = [int(c) for c in summed]
-        padded, real_batches = counts
-        t2 = time.perf_counter()
-        self.engine.step()
-        grad_norm = self.engine.get_global_grad_norm()
-        self._record_quarantine(blamed_entries)
-        quarantined += blamed_entries
-        if not self.engine.was_step_applied():
-            # DeepSpeed skips the update on non-finite gradients (and clears them): no step is taken.
-            self.counters["nonfinite_steps"] += 1
-            logger.error("%s: non-finite gradients, optimiser step skipped (%s)", cfg.policy, stats.summary())
-            fault = {"fault": "nonfinite_gradients", "step": self.step + 1}
-            return self._no_step({**extra, "nonfinite_gradients": 1}, start, quarantined, [fault])
-        self.step += 1
-        self.weights_version = None
-        self._update_ema()
-        t3 = time.perf_counter()
-        faults: list[dict[str, Any]] = []
-        published = self._publish_in_step(faults)
-        t4 = time.perf_counter()
-        checkpoint = self._checkpoint_in_step(faults)
-        t5 = time.perf_counter()
-        trained = [r for k, r in enumerate(prepared) if k not in excluded]
-        trained_tokens = sum(len(r.completion_ids) for r in trained)
-        self.counters["records_trained"] += len(trained)
-        self.counters["tokens_trained"] += trained_tokens
-        metrics: dict[str, Any] = {
-            "objective": objective,
-            "loss": loss_total,
-            **stats.summary(),
-            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "lr": cfg.lr,
-            "records": len(trained),
-            "tokens": trained_tokens,
-            "padded_tokens": int(padded),
-            "micro_batches": int(real_batches),
-            "time_recompute_s": t1 - t0,
-            "time_fwd_bwd_s": t2 - t1,
-            "time_optimizer_s": t3 - t2,
-            "time_publish_s": t4 - t3,
-            "time_checkpoint_s": t5 - t4,
-            "time_step_s": t5 - start,
-            "quarantined": len(quarantined),
-            **extra,
-        }
-        metrics["tokens_per_s"] = trained_tokens / max(metrics["time_step_s"], 1e-9)
-        if self.dist.grouped:
-            metrics["ranks"] = self.dist.world_size
-        return self._report(
-            StepReport(
-                policy=cfg.policy,
-                step=self.step,
-                trained=True,
-                version=self.version,
-                published=published,
-                checkpoint=checkpoint,
-                faults=faults,
-                quarantined=_origins(quarantined),
-                metrics=metrics,
-            )
-        )
+        return _Passes(loss_total, stats, excluded, blamed_entries, int(counts[0]), int(counts[1]))
 
     def _share(self, prepared: Sequence[PreparedRecord]) -> list[int]:
         """Indices of the records this rank trains: all of them alone, else its share by tokens (prompts kept whole)."""
