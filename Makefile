@@ -35,6 +35,7 @@ install: system-packages $(STAMP)
 SYSTEM_TOOLS := strace ip unshare chromium chromedriver sshd ssh-keygen rsync prometheus
 SYSTEM_PACKAGES := strace iproute2 util-linux chromium chromium-driver openssh-server openssh-client rsync prometheus
 system-packages:
+	@mkdir -p $(TMPDIR)  # exported above: package scripts (openssh-server's postinst) mktemp in it
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

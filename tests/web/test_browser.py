@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -23,7 +24,10 @@ WAIT_S = 30
 
 
 def _wait(browser: Any, check: Callable[[Any], Any], what: str) -> Any:
-    return WebDriverWait(browser, WAIT_S).until(check, message=f"waiting for {what}")
+    """Poll `check` until it holds. A form submit replaces the page while a check may hold an element of
+    the old one: a stale element means "not yet", like a missing one (which WebDriverWait already ignores)."""
+    wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
+    return wait.until(check, message=f"waiting for {what}")
 
 
 def _text(browser: Any, css: str) -> str:
