@@ -2,7 +2,9 @@
 
 Checked on the syntax tree (calls, not words in docstrings): `torch.load`, `pickle.load(s)`,
 `joblib.load`, `yaml.load`/`unsafe_load`, `pandas.read_pickle`, DeepSpeed's `load_checkpoint` (it
-unpickles with `weights_only=False`), and any call passing `weights_only=False` or `allow_pickle=True`.
+unpickles with `weights_only=False`), torch.distributed's `*_object` collectives (they unpickle what
+another rank sends: whatever joins a learner group's rendezvous could run code), and any call passing
+`weights_only=False` or `allow_pickle=True`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ _UNSAFE_CALLS = {
     ("pd", "read_pickle"),
     ("pandas", "read_pickle"),
 }
-_UNSAFE_METHODS = {"load_checkpoint", "read_pickle"}
+_UNSAFE_METHODS = {
+    "load_checkpoint",
+    "read_pickle",
+    "gather_object",
+    "all_gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "recv_object_list",
+}
 _UNSAFE_KEYWORDS = {("weights_only", False), ("allow_pickle", True)}
 
 

@@ -127,22 +127,55 @@ class Collective:
     def gather_plain(self, value: Any) -> list[Any] | None:
         """Every rank's `value` (plain data: numbers, strings, lists, dicts, CPU tensors) on rank 0, None elsewhere.
 
-        In-memory messages between the group's own processes (torch serialises them); nothing read from a file.
+        Sent as `state_bytes` (JSON + safetensors in a uint8 tensor), never pickled: rank 0 listens on a
+        TCP rendezvous, and whatever could join the group must not be able to make it run code.
         """
         if not self.grouped:
             return [value]
         import torch
 
-        out: list[Any] | None = [None] * self.world_size if self.writer else None
-        torch.distributed.gather_object(value, out, dst=0)
-        return out
+        payload = self._payload(value)
+        sizes = self._sizes(payload)
+        padded = torch.zeros(max(sizes), dtype=torch.uint8, device=payload.device)
+        padded[: payload.numel()] = payload
+        out = [torch.empty_like(padded) for _ in sizes] if self.writer else None
+        torch.distributed.gather(padded, out, dst=0)
+        if out is None:
+            return None
+        return [self._decode(t, n, r) for r, (t, n) in enumerate(zip(out, sizes, strict=True))]
 
     def all_plain(self, value: Any) -> list[Any]:
-        """Every rank's `value` (small plain data) on every rank."""
+        """Every rank's `value` (small plain data) on every rank, encoded as `gather_plain`'s."""
         if not self.grouped:
             return [value]
         import torch
 
-        out: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(out, value)
-        return out
+        payload = self._payload(value)
+        sizes = self._sizes(payload)
+        padded = torch.zeros(max(sizes), dtype=torch.uint8, device=payload.device)
+        padded[: payload.numel()] = payload
+        out = [torch.empty_like(padded) for _ in sizes]
+        torch.distributed.all_gather(out, padded)
+        return [self._decode(t, n, r) for r, (t, n) in enumerate(zip(out, sizes, strict=True))]
+
+    def _payload(self, value: Any) -> Any:
+        import torch
+
+        from diprl.learn.state_files import state_bytes
+
+        data = bytearray(state_bytes(value))
+        return torch.frombuffer(data, dtype=torch.uint8).to(self._device())
+
+    def _sizes(self, payload: Any) -> list[int]:
+        import torch
+
+        sizes = torch.zeros(self.world_size, dtype=torch.long, device=payload.device)
+        sizes[self.rank] = payload.numel()
+        torch.distributed.all_reduce(sizes)
+        return [int(n) for n in sizes.tolist()]
+
+    @staticmethod
+    def _decode(tensor: Any, size: int, rank: int) -> Any:
+        from diprl.learn.state_files import state_from_bytes
+
+        return state_from_bytes(tensor[:size].cpu().numpy().tobytes(), where=f"learner rank {rank}'s message")

@@ -104,6 +104,40 @@ def write_state(directory: Path, name: str, tree: Any) -> None:
     json_path.write_text(json.dumps({"format": FORMAT, "tree": skeleton}, indent=1, allow_nan=True) + "\n")
 
 
+def state_bytes(tree: Any) -> bytes:
+    """`tree` as one byte string in the same format (for messages between processes): nothing pickled.
+
+    Layout: the JSON skeleton's length (8 bytes, little-endian), the JSON, then a safetensors blob.
+    """
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = json.dumps({"format": FORMAT, "tree": _encode(tree, "", tensors)}, allow_nan=True).encode()
+    return len(skeleton).to_bytes(8, "little") + skeleton + save(tensors, metadata={"format": FORMAT})
+
+
+def state_from_bytes(data: bytes, where: str = "message") -> Any:
+    """The tree `state_bytes` encoded; `StateFileError` if the bytes do not decode exactly."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    size = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if size < 0 or 8 + size > len(data):
+        raise StateFileError(f"{where}: truncated ({len(data)} bytes)")
+    try:
+        doc = json.loads(data[8 : 8 + size])
+        tensors = load(bytes(data[8 + size :]))
+    except (ValueError, SafetensorError) as err:
+        raise StateFileError(f"{where}: undecodable ({err})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or "tree" not in doc:
+        raise StateFileError(f"{where}: not {FORMAT} data")
+    used: set[str] = set()
+    tree = _decode(doc["tree"], tensors, used, where)
+    if set(tensors) - used:
+        raise StateFileError(f"{where}: tensors {sorted(set(tensors) - used)[:3]} are not referenced")
+    return tree
+
+
 def read_state(directory: Path, name: str) -> Any:
     """The tree `write_state` wrote; `StateFileError` (naming the file) if the pair does not decode exactly."""
     from safetensors import SafetensorError
