@@ -50,7 +50,13 @@ class LearnerConfig:
     # trainable (max_policy_lag): older ones are deleted after each publish (a 14B LoRA version is
     # 0.13-0.26 GB and one is published every step). 0 keeps every version.
     keep_versions: int = 8
+    # ZeRO stage of the learner's DeepSpeed engine: 2 splits the LoRA optimiser state and gradients over
+    # the ranks; 3 also partitions the frozen base weights (loaded partitioned), for a model one GPU
+    # cannot hold. 0/1 for comparisons.
     zero_stage: int = 2
+    # At ZeRO-3, parameters with at most this many elements stay whole on every rank instead of being
+    # gathered for each use (DeepSpeed's default): norms and the LoRA matrices; 0 partitions everything.
+    zero3_persistence_threshold: int = 100_000
     # Data-parallel learner ranks of this policy (one GPU, or one CPU, each) in one torch.distributed group
     # under DeepSpeed ZeRO: a step's batch is split across them by tokens, rank 0 publishes and checkpoints
     # (`diprl.learn.group`). A run resumes only with the number of ranks that wrote its checkpoints.
@@ -96,12 +102,10 @@ class LearnerConfig:
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         need(self.keep_versions >= 0, f"keep_versions must be >= 0 (0 keeps every version), got {self.keep_versions}")
+        need(self.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         need(
-            self.zero_stage in (0, 1, 2),
-            f"zero_stage must be 0, 1 or 2, got {self.zero_stage}: ZeRO-3 (base weights partitioned over the "
-            "ranks) is not supported by the learner yet (it applies the frozen LM head outside DeepSpeed's module "
-            "and checkpoints ZeRO-1/2 optimiser partitions); with zero_stage 2 add ranks (the LoRA optimiser "
-            "state is split over them), enable gradient_checkpointing or lower micro_batch_tokens",
+            self.zero3_persistence_threshold >= 0,
+            f"zero3_persistence_threshold must be >= 0, got {self.zero3_persistence_threshold}",
         )
         need(
             self.ranks >= 1,

@@ -54,16 +54,17 @@ from diprl.learn.config import LearnerConfig
 from diprl.learn.intake import GroupIntake
 from diprl.learn.loss import LossStats, grpo_loss, nll_loss
 from diprl.learn.model import (
-    CompletionHidden,
+    CompletionScorer,
     base_model_name,
     build_peft_model,
-    completion_logprobs,
+    init_distributed,
     load_lora_state_,
     lora_parameters,
     lora_state,
     make_engine,
     read_adapter_dir,
 )
+from diprl.learn.partitions import whole
 from diprl.learn.ranks import Collective, RankSpec, split_by_tokens
 from diprl.learn.state_files import read_state, state_paths, write_state
 from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
@@ -214,8 +215,10 @@ class Learner:
     def _build(self, adapter_dir: Path | None, seed: int) -> None:
         from dataclasses import replace
 
+        if self.config.zero_stage == 3:
+            init_distributed(self.config.use_gpu, self.rank_spec)  # ZeRO-3 loads the base partitioned
         self.peft = build_peft_model(self.preset, replace(self.config, seed=seed), adapter_dir)
-        self.module = CompletionHidden(self.peft)
+        self.module = CompletionScorer(self.peft, self.config.logprob_chunk_tokens)
         self.engine = make_engine(self.module, self.config, self.rank_spec)
         self.device = next(self.module.parameters()).device
         self.ema = lora_state(self.peft)
@@ -247,20 +250,21 @@ class Learner:
         its number (their weights are the same) and fail alike when rank 0's write failed.
         """
         name, error = None, None
-        if self.dist.writer:
-            try:
-                if self.registry is not None:
-                    from diprl.inference.registry import publish_everywhere
+        with whole(list(lora_parameters(self.peft).values())):  # every rank: rank 0 saves whole weights
+            if self.dist.writer:
+                try:
+                    if self.registry is not None:
+                        from diprl.inference.registry import publish_everywhere
 
-                    name = publish_everywhere(self.store, self.config.policy, self.peft, self.registry).name
-                else:
-                    name = self.store.publish(
-                        self.config.policy, self.peft, base_model=base_model_name(self.preset)
-                    ).name
-            except (OSError, AdapterError) as err:
-                if not self.dist.grouped:
-                    raise
-                error = err
+                        name = publish_everywhere(self.store, self.config.policy, self.peft, self.registry).name
+                    else:
+                        name = self.store.publish(
+                            self.config.policy, self.peft, base_model=base_model_name(self.preset)
+                        ).name
+                except (OSError, AdapterError) as err:
+                    if not self.dist.grouped:
+                        raise
+                    error = err
         if self.dist.grouped:
             number = self.dist.broadcast_int(self.versions.number(name) if name is not None else -1)
             if error is not None:
@@ -436,27 +440,28 @@ class Learner:
         its own; the checkpoint's meta records the number of ranks that can restore it.
         """
         dist = self.dist
-        mine = None if dist.writer else {"engine": _cpu(engine_state(self.engine)), "rng": rng_state()}
-        parts = dist.gather_plain(mine)
+        own = _cpu(engine_state(self.engine))  # every rank at once (at ZeRO-3 it gathers the LoRA weights)
+        parts = dist.gather_plain(None if dist.writer else {"engine": own, "rng": rng_state()})
         meta: dict[str, Any] = {"policy": self.config.policy, "step": self.step, "version": self.version}
         if dist.grouped:
             meta["ranks"] = dist.world_size
 
         def write(tmp: Path) -> None:
-            write_state(tmp, ENGINE_STATE, engine_state(self.engine))
+            write_state(tmp, ENGINE_STATE, own)
             for r, part in enumerate((parts or [])[1:], start=1):
                 write_state(tmp, _rank_state(r), part)
             write_state(tmp, LEARNER_STATE, self._state_dict())
             self.peft.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
 
         path, error = None, None
-        if dist.writer:
-            try:
-                path = self.checkpoints.save(self.step, write, meta=meta)
-            except OSError as err:
-                if not dist.grouped:
-                    raise
-                error = err
+        with whole(list(lora_parameters(self.peft).values())):  # every rank: rank 0 saves the PEFT copy
+            if dist.writer:
+                try:
+                    path = self.checkpoints.save(self.step, write, meta=meta)
+                except OSError as err:
+                    if not dist.grouped:
+                        raise
+                    error = err
         if dist.grouped:
             if not dist.broadcast_int(int(path is not None)):
                 raise error or OSError(f"{self.config.policy}: rank 0 could not write checkpoint step-{self.step}")
@@ -535,16 +540,11 @@ class Learner:
 
     def _logprobs(self, mb: MicroBatch, with_entropy: bool, grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         module = self.engine if grad else self.module
-        hidden = module(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.prefix)
-        return completion_logprobs(
-            hidden,
-            self.module.lm_head_weight,
-            mb.targets,
-            mb.temperatures,
-            mb.allowed,
-            chunk_tokens=self.config.logprob_chunk_tokens,
-            with_entropy=with_entropy,
-        )
+        logp, entropy = module(
+            mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets, mb.temperatures, mb.allowed, mb.prefix,
+            with_entropy,
+        )  # fmt: skip
+        return logp, entropy
 
     @contextmanager
     def _weights(self, state: dict[str, torch.Tensor]) -> Iterator[None]:
@@ -626,7 +626,9 @@ class Learner:
         if not prepared:
             return self._no_step(extra, start, quarantined)
         mine = self._share(prepared)
-        self._recompute([prepared[i] for i in mine], rl)
+        # ZeRO-3 gathers the base weights layer by layer in every forward, a collective: the ranks of a
+        # group must forward in lockstep, so each recomputes the whole batch (the same passes everywhere).
+        self._recompute(prepared if self._lockstep else [prepared[i] for i in mine], rl)
         t1 = time.perf_counter()
         passes = self._forward_backward(screened, mine, rl)
         t2 = time.perf_counter()
@@ -695,8 +697,8 @@ class Learner:
         A micro-batch whose loss is not finite is searched for the records that cause it (`_blame`): they
         are left out of the step and quarantined, the rest of the micro-batch trains. With a learner group
         every rank back-propagates as many times (ZeRO reduces gradients in each backward: a rank with
-        fewer micro-batches adds empty ones), its loss scaled by the number of ranks (DeepSpeed averages
-        over them), and the figures returned are the whole group's.
+        fewer micro-batches adds empty ones, real passes at ZeRO-3), its loss scaled by the number of
+        ranks (DeepSpeed averages over them), and the figures returned are the whole group's.
         """
         cfg = self.config
         prepared = screened.prepared
@@ -744,13 +746,23 @@ class Learner:
             stats.merge(part)
         for i in range(len(batches), steps):
             self.engine.set_gradient_accumulation_boundary(i == steps - 1)
-            self.engine.backward(sum((p * 0.0).sum() for p in lora_parameters(self.module).values()))
+            if self._lockstep:  # a real pass (its gathers match the other ranks'), contributing nothing
+                pad = batches[0][1] if batches else self._batches([prepared[0]])[0][1]
+                logp, _ = self._logprobs(pad, with_entropy=False, grad=True)
+                self.engine.backward(logp.sum() * 0.0)
+            else:
+                self.engine.backward(sum((p * 0.0).sum() for p in lora_parameters(self.module).values()))
         counts = [sum(mb.padded_tokens for _, mb in batches), len(batches)]
         if self.dist.grouped:  # the whole group's figures, and the records any rank quarantined
             blamed_entries, excluded, stats = self._gather_step(screened, blamed_entries, excluded, stats)
             loss_total, *summed = self.dist.sum_floats([loss_total, *counts])
             counts = [int(c) for c in summed]
         return _Passes(loss_total, stats, excluded, blamed_entries, int(counts[0]), int(counts[1]))
+
+    @property
+    def _lockstep(self) -> bool:
+        """Whether every rank must run the same forward passes: a ZeRO-3 group (its weights are gathered in each)."""
+        return self.dist.grouped and self.config.zero_stage == 3
 
     def _share(self, prepared: Sequence[PreparedRecord]) -> list[int]:
         """Indices of the records this rank trains: all of them alone, else its share by tokens (prompts kept whole)."""

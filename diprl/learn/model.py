@@ -10,10 +10,11 @@ logprobs (tested against a running engine).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from diprl.learn.config import LearnerConfig
+from diprl.learn.partitions import whole
 from diprl.learn.prefix import PrefixLayout
 from diprl.learn.prefix_attention import IMPLEMENTATION, use_prefix_attention
 from diprl.learn.ranks import RankSpec
@@ -48,7 +50,8 @@ def build_peft_model(preset: ModelPreset, config: LearnerConfig, adapter_dir: Pa
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if config.bf16 else torch.float32
-    base = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(preset)), dtype=dtype)
+    with _partitioned_loading(config):
+        base = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(preset)), dtype=dtype)
     base.config.use_cache = False
     lora = LoraConfig(
         r=preset.lora.rank,
@@ -69,6 +72,27 @@ def build_peft_model(preset: ModelPreset, config: LearnerConfig, adapter_dir: Pa
     return model
 
 
+@contextlib.contextmanager
+def _partitioned_loading(config: LearnerConfig) -> Iterator[None]:
+    """At ZeRO-3, transformers loads the base weights straight into each rank's partition (`zero.Init`).
+
+    So no rank ever holds the whole base model: what ZeRO-3 is for when it does not fit one GPU. It needs
+    the learner's process group first (`init_distributed`); other stages load as usual.
+    """
+    if config.zero_stage != 3:
+        yield
+        return
+    from transformers.integrations import HfDeepSpeedConfig
+
+    if not torch.distributed.is_initialized():
+        raise RuntimeError("a ZeRO-3 model is built after init_distributed (its weights are loaded partitioned)")
+    keep_alive = HfDeepSpeedConfig(deepspeed_config(config))  # transformers reads it through a weak reference
+    try:
+        yield
+    finally:
+        del keep_alive
+
+
 def lora_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """The trainable LoRA parameters by name (sorted: a stable order for EMA and checkpoints)."""
     return {n: p for n, p in sorted(model.named_parameters()) if p.requires_grad}
@@ -76,7 +100,9 @@ def lora_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 
 def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """A float32 CPU copy of the LoRA weights."""
-    return {n: p.detach().float().cpu().clone() for n, p in lora_parameters(model).items()}
+    params = lora_parameters(model)
+    with whole(list(params.values())):
+        return {n: p.detach().float().cpu().clone() for n, p in params.items()}
 
 
 @torch.no_grad()
@@ -86,10 +112,11 @@ def load_lora_state_(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     if set(params) != set(state):
         missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         raise ValueError(f"LoRA state does not fit the model: missing {missing[:3]}, unexpected {extra[:3]}")
-    for name, p in params.items():
-        if p.shape != state[name].shape:
-            raise ValueError(f"LoRA weight {name}: shape {tuple(state[name].shape)}, model has {tuple(p.shape)}")
-        p.copy_(state[name].to(device=p.device, dtype=p.dtype))
+    with whole(list(params.values()), modify=True):
+        for name, p in params.items():
+            if p.shape != state[name].shape:
+                raise ValueError(f"LoRA weight {name}: shape {tuple(state[name].shape)}, model has {tuple(p.shape)}")
+            p.copy_(state[name].to(device=p.device, dtype=p.dtype))
 
 
 def read_adapter_dir(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -155,6 +182,36 @@ class CompletionHidden(nn.Module):
             input_ids=input_ids, attention_mask=masks, position_ids=prefix.position_ids, use_cache=False
         ).last_hidden_state
         return hidden[rows, cols]
+
+
+class CompletionScorer(CompletionHidden):
+    """The module DeepSpeed wraps: backbone and chunked LM head in one forward, returning (logp, entropy).
+
+    The head's weight (the tied embedding, frozen) is used inside the wrapped forward and registered as
+    one of its parameters for ZeRO-3, which partitions the frozen base too: ZeRO-3 then gathers the head
+    for the forward and again for the backward, as it does the layers' own weights.
+    """
+
+    def __init__(self, peft_model: Any, chunk_tokens: int = 512) -> None:
+        super().__init__(peft_model)
+        self.chunk_tokens = chunk_tokens
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        targets: torch.Tensor,
+        temperatures: torch.Tensor,
+        allowed: Sequence[np.ndarray],
+        prefix: PrefixLayout | None = None,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden = super().forward(input_ids, attention_mask, rows, cols, prefix)
+        return completion_logprobs(
+            hidden, self.lm_head_weight, targets, temperatures, allowed, self.chunk_tokens, with_entropy
+        )
 
 
 def _padded_allowed(allowed: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -293,11 +350,14 @@ def deepspeed_config(config: LearnerConfig) -> dict[str, Any]:
     Gradient accumulation is driven by the learner (a step has as many micro-batches as its records
     need), so DeepSpeed is told 1 and the accumulation boundary is set by hand on the last one.
     """
+    zero: dict[str, Any] = {"stage": config.zero_stage}
+    if config.zero_stage == 3:
+        zero["stage3_param_persistence_threshold"] = config.zero3_persistence_threshold
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": config.max_grad_norm,
-        "zero_optimization": {"stage": config.zero_stage},
+        "zero_optimization": zero,
         "bf16": {"enabled": config.bf16},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,
@@ -305,10 +365,11 @@ def deepspeed_config(config: LearnerConfig) -> dict[str, Any]:
     }
 
 
-def make_engine(module: CompletionHidden, config: LearnerConfig, rank: RankSpec | None = None) -> Any:
+def make_engine(module: CompletionScorer, config: LearnerConfig, rank: RankSpec | None = None) -> Any:
     """DeepSpeed engine over `module` with a plain torch AdamW on the LoRA weights (nothing compiled).
 
     In a learner group every rank builds it at once: DeepSpeed's initialiser broadcasts rank 0's weights.
+    At ZeRO-3 the module stays where it was loaded (its partitions) and the LM head is registered with it.
     """
     import deepspeed
 
@@ -323,7 +384,9 @@ def make_engine(module: CompletionHidden, config: LearnerConfig, rank: RankSpec 
         eps=config.adam_eps,
         weight_decay=config.weight_decay,
     )
-    if config.use_gpu:
+    if config.zero_stage == 3:
+        deepspeed.zero.register_external_parameter(module, module.lm_head_weight)
+    elif config.use_gpu:
         module = module.cuda()
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=deepspeed_config(config))
     return engine

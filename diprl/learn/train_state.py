@@ -13,17 +13,25 @@ takes the state it needs through public handles:
 - the engine's step counters (`global_steps`, `global_samples`, `skipped_steps`), as its own
   checkpoint would.
 
-One rank holds the whole partition here (the learner runs one rank per policy); restoring into an
-engine with another partitioning is refused with the shapes that differ.
+- ZeRO-3 keeps its torch optimizer's parameter groups empty between steps (it slots each fp32 flat
+  partition in for its own step); they are slotted in for reading and restoring, as DeepSpeed's own
+  checkpoint does (`_master_groups`).
+
+Each rank saves and restores its own partition; restoring into an engine with another partitioning is
+refused with the shapes that differ.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
+
+from diprl.learn.partitions import whole
 
 ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps")
 
@@ -42,19 +50,45 @@ def base_optimizer(engine: Any) -> torch.optim.Optimizer:
     raise TypeError(f"no torch optimizer under {type(engine.optimizer).__name__}: cannot checkpoint it")
 
 
+@contextmanager
+def _master_groups(engine: Any) -> Iterator[None]:
+    """The fp32 master partitions in the torch optimizer's parameter groups for the block (ZeRO-3 only).
+
+    Uses DeepSpeed's ZeRO-3 optimizer's own pair of methods (what its `state_dict` does); recheck them
+    on DeepSpeed upgrades (`tests/learn/test_ranks.py` restores a ZeRO-3 group from its checkpoint).
+    """
+    wrapper = engine.optimizer
+    slot_in = getattr(wrapper, "_set_fp32_optimizer_param_groups", None)
+    if slot_in is None:
+        yield
+        return
+    slot_in()
+    try:
+        yield
+    finally:
+        wrapper._clear_fp32_optimizer_param_groups()
+
+
 def _trainable(engine: Any) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in engine.module.named_parameters() if p.requires_grad}
 
 
 def engine_state(engine: Any) -> dict[str, Any]:
-    """The engine's trainable weights, master weights, optimizer state and step counters (tensors + plain values)."""
+    """The engine's trainable weights, master weights, optimizer state and step counters (tensors + plain values).
+
+    At ZeRO-3 the trainable weights are gathered: every rank of a group calls this at the same point.
+    """
     opt = base_optimizer(engine)
-    return {
-        "trainable": {n: p.detach() for n, p in _trainable(engine).items()},
-        "master": [[p.detach() for p in group["params"]] for group in opt.param_groups],
-        "optimizer": opt.state_dict(),
-        "counters": {k: int(getattr(engine, k)) for k in ENGINE_COUNTERS},
-    }
+    trainable = _trainable(engine)
+    with whole(list(trainable.values())):
+        whole_trainable = {n: p.detach().clone() for n, p in trainable.items()}
+    with _master_groups(engine):
+        return {
+            "trainable": whole_trainable,
+            "master": [[p.detach() for p in group["params"]] for group in opt.param_groups],
+            "optimizer": opt.state_dict(),
+            "counters": {k: int(getattr(engine, k)) for k in ENGINE_COUNTERS},
+        }
 
 
 @torch.no_grad()
@@ -71,8 +105,22 @@ def restore_engine_state(engine: Any, state: dict[str, Any]) -> None:
     if set(saved) != set(params):
         missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
         raise StateMismatch(f"trainable weights differ: missing {missing[:3]}, unexpected {extra[:3]}")
-    opt = base_optimizer(engine)
-    master = state["master"]
+    with whole(list(params.values()), modify=True):
+        with _master_groups(engine):
+            _restore_optimizer(base_optimizer(engine), state["master"], state["optimizer"], params, saved)
+        for name, p in params.items():
+            p.copy_(saved[name].to(p.device))
+    for key in ENGINE_COUNTERS:
+        setattr(engine, key, int(state["counters"][key]))
+
+
+def _restore_optimizer(
+    opt: torch.optim.Optimizer,
+    master: list[list[torch.Tensor]],
+    optimizer_state: dict[str, Any],
+    params: dict[str, torch.nn.Parameter],
+    saved: dict[str, torch.Tensor],
+) -> None:
     shapes = [[tuple(p.shape) for p in g["params"]] for g in opt.param_groups]
     saved_shapes = [[tuple(t.shape) for t in g] for g in master]
     if shapes != saved_shapes:
@@ -83,14 +131,10 @@ def restore_engine_state(engine: Any, state: dict[str, Any]) -> None:
             raise StateMismatch(
                 f"{name}: saved {value.dtype} {tuple(value.shape)}, engine holds {p.dtype} {tuple(p.shape)}"
             )
-    opt.load_state_dict(state["optimizer"])
+    opt.load_state_dict(optimizer_state)
     for group, values in zip(opt.param_groups, master, strict=True):
         for p, value in zip(group["params"], values, strict=True):
             p.copy_(value.to(device=p.device, dtype=p.dtype))
-    for name, p in params.items():
-        p.copy_(saved[name].to(p.device))
-    for key in ENGINE_COUNTERS:
-        setattr(engine, key, int(state["counters"][key]))
 
 
 def rng_state() -> dict[str, Any]:

@@ -205,11 +205,15 @@ def _snapshot(learner: Learner) -> dict[str, Any]:
     return copy.deepcopy({"engine": engine_state(learner.engine), "rng": rng_state()})
 
 
+@pytest.mark.parametrize("zero_stage", [2, 3])
 def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_back(
-    tmp_path: Path, tokenizer: Any
+    tmp_path: Path, tokenizer: Any, zero_stage: int
 ) -> None:
+    """At ZeRO-2, and at ZeRO-3 with every base weight partitioned (its master weights live outside the
+    torch optimizer's groups between steps)."""
     run, adapters = tmp_path / "run", tmp_path / "adapters"
-    a = Learner(_config(checkpoint_every=1), run, adapters)
+    stage = {"zero_stage": zero_stage, "zero3_persistence_threshold": 0}
+    a = Learner(_config(checkpoint_every=1, **stage), run, adapters)
     assert (run / "checkpoints" / "main" / "step-0").is_dir()  # resumable from its first moment
     groups = [make_group(a.table, tokenizer, f"main@v{i + 1}", [1.0, -1.0, 0.3], seed=10 + i) for i in range(3)]
     for g in groups[:2]:
@@ -224,7 +228,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     # killed after step 3 ran but before its checkpoint landed
     shutil.rmtree(run / "checkpoints" / "main" / "step-3")
 
-    b = Learner(_config(checkpoint_every=1), run, adapters)
+    b = Learner(_config(checkpoint_every=1, **stage), run, adapters)
     assert _tensors_equal(_snapshot(b), at_step_2)  # master weights, Adam moments and RNGs bit for bit
     # Step 3's main@v4 stays in the store (never reused): the restored weights (main@v3's) become main@v5.
     assert b.step == 2 and b.latest_version() == "main@v5"
@@ -246,7 +250,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     newest = run / "checkpoints" / "main" / "step-3"
     state = newest / "learner.safetensors"
     state.write_bytes(state.read_bytes()[:-10])
-    c = Learner(_config(checkpoint_every=1), run, adapters)
+    c = Learner(_config(checkpoint_every=1, **stage), run, adapters)
     assert c.step == 2
     [(path, reason)] = c.state()["skipped_checkpoints"]
     assert path == str(newest) and "learner.safetensors" in reason

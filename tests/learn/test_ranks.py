@@ -1,7 +1,8 @@
-"""A learner group of 2 ranks (real DeepSpeed ZeRO-2 over gloo, CPU, the tiny Qwen3) against one rank.
+"""A learner group of 2 ranks (real DeepSpeed over gloo, CPU, the tiny Qwen3) against one ZeRO-2 rank.
 
-One group serves the whole module (start-up is the cost): two steps give the same LoRA update as one
-rank on the same batches; then a rank is killed between steps and another during a step, and the
+One group per ZeRO stage serves the module (start-up is the cost): ZeRO-2, and ZeRO-3 with every base
+weight partitioned over the two ranks (persistence threshold 0). Two steps give the same LoRA update as
+one rank on the same batches; then a rank is killed between steps and another during a step, and the
 group restarts from its newest checkpoint with every step taken exactly once, ending where the
 one-rank learner ends.
 """
@@ -32,9 +33,19 @@ from .groups import make_group
 QUEUE = "queue-ranks-test"
 # Adam's eps well above the gradients' float noise makes the update proportional to the gradient:
 # a gradient off by the number of ranks (no averaging, or averaging twice) moves the weights visibly.
+# The KL term makes every step score the batch under the EMA weights too (a swap of the LoRA weights: at
+# ZeRO-3 a collective that every rank must make at the same point).
 CONFIG = LearnerConfig(
-    lr=1e-2, adam_eps=1e-3, micro_batch_tokens=1200, checkpoint_every=1, groups_per_step=2, max_policy_lag=8
+    lr=1e-2,
+    adam_eps=1e-3,
+    micro_batch_tokens=1200,
+    checkpoint_every=1,
+    groups_per_step=2,
+    max_policy_lag=8,
+    kl_coef=0.05,
+    ema_decay=0.5,
 )
+pytestmark = pytest.mark.timeout(600)  # a group whose ranks disagree on a collective waits forever
 
 
 def test_a_batch_is_split_by_tokens_deterministically_with_prompts_kept_whole() -> None:
@@ -53,8 +64,10 @@ def test_a_batch_is_split_by_tokens_deterministically_with_prompts_kept_whole() 
 def test_config_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match=r"ranks must be >= 1 .*got 0"):
         LearnerConfig(ranks=0)
-    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1 or 2, got 3: ZeRO-3 .* is not supported"):
-        LearnerConfig(ranks=2, zero_stage=3)
+    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1, 2 or 3, got 4"):
+        LearnerConfig(ranks=2, zero_stage=4)
+    with pytest.raises(ValueError, match=r"zero3_persistence_threshold must be >= 0, got -1"):
+        LearnerConfig(zero_stage=3, zero3_persistence_threshold=-1)
 
 
 def _on(group: TrajectoryGroup, version: str) -> TrajectoryGroup:
@@ -91,18 +104,19 @@ def reference(batches: list[list[TrajectoryGroup]], tmp_path_factory: pytest.Tem
     return out
 
 
-@pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Path]]:
+@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+def group(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Path]]:
     import ray
     from ray.util.queue import Queue
 
     from diprl.learn.learner import learner_actor
     from diprl.raysession import ray_session
 
-    root = tmp_path_factory.mktemp("two-ranks")
+    root = tmp_path_factory.mktemp(f"two-ranks-zero{request.param}")
+    config = replace(CONFIG, ranks=2, zero_stage=request.param, zero3_persistence_threshold=0)
     with ray_session(address="local", num_cpus=3):
         queue = Queue(maxsize=16, actor_options={"name": QUEUE, "num_cpus": 0})
-        actor = learner_actor(replace(CONFIG, ranks=2), root / "run", root / "adapters", queue=QUEUE)
+        actor = learner_actor(config, root / "run", root / "adapters", queue=QUEUE)
         ray.get(actor.pid_of.remote())
         yield actor, queue, root
 
