@@ -406,8 +406,12 @@ def learner_memory(
         ),
     ]
     if stage >= 3:
-        gathered = max(shape.layer_params, shape.embedding_params) + DS_PREFETCH_BUCKET_ELEMENTS
-        terms.append(Term("zero3_gathered", gathered * wbytes, "the largest module gathered, plus the prefetch bucket"))
+        # The tied LM head is gathered for the whole forward and backward (the learner registers it with
+        # the module it wraps), while each layer is gathered in turn and the next ones prefetched.
+        gathered = shape.embedding_params + shape.layer_params + DS_PREFETCH_BUCKET_ELEMENTS
+        terms.append(
+            Term("zero3_gathered", gathered * wbytes, "the LM head, one layer and the prefetch bucket, gathered")
+        )
     terms += [
         Term("checkpoints", checkpoints, act_note),
         Term("layer_recompute", layer, "saved tensors and backward transients of one layer"),
@@ -846,19 +850,10 @@ def typed_plan_config(cfg: Any) -> PlanConfig:
     ):
         body = dict(raw.get(name) or {})
         body.pop("defaults", None)
-        zero3 = name == "learner" and body.get("zero_stage") == 3 and not _accepts_zero3()
-        if zero3:
-            body["zero_stage"] = 2  # validated as stage 2, planned as stage 3 (below)
-            notes.append(
-                "learner.zero_stage=3 is planned here, but this checkout's learner does not accept it yet "
-                "(LearnerConfig allows 0-2)"
-            )
         try:
             sections[name] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), body))
         except Exception as exc:  # OmegaConf validation or a dataclass __post_init__
             raise PlanError(f"{name}: {exc}") from exc
-        if zero3:
-            sections[name].zero_stage = 3
     try:
         model = preset_from_config(raw["model"])
     except ValueError as exc:
@@ -873,16 +868,6 @@ def typed_plan_config(cfg: Any) -> PlanConfig:
         workload=sections["workload"],
         notes=notes,
     )
-
-
-def _accepts_zero3() -> bool:
-    from diprl.learn.config import LearnerConfig
-
-    try:
-        LearnerConfig(zero_stage=3)
-    except ValueError:
-        return False
-    return True
 
 
 def compose_plan(overrides: Sequence[str]) -> PlanConfig:

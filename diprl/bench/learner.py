@@ -110,7 +110,7 @@ class BareLoop:
             total = sum(mb.num_tokens for mb in batches)
             t0, cpu0 = time.perf_counter(), time.process_time()
             for mb in batches:
-                hidden = module(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.prefix)
+                hidden = module.hidden_states(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.prefix)
                 logits = torch.nn.functional.linear(hidden, module.lm_head_weight).float()
                 logp = torch.log_softmax(logits, dim=-1).gather(1, mb.targets.unsqueeze(-1)).squeeze(-1)
                 (-(mb.advantages * logp).sum() / total).backward()

@@ -32,12 +32,13 @@ def test_the_bare_loop_trains_an_adapter_of_its_own_on_the_learners_base(tmp_pat
         active = learner.peft.active_adapter
         seen[active] = seen.get(active, 0) + 1
 
-    hook = learner.module.register_forward_hook(count, with_kwargs=True)
+    backbone = learner.peft.get_base_model().model  # what the learner's module runs
+    hook = backbone.register_forward_hook(count, with_kwargs=True)
     try:
         assert min(BareLoop(learner).step(batches)) > 0
     finally:
         hook.remove()
-    assert seen == {BARE_ADAPTER: len(batches)}  # it ran through the learner's own module, its adapter active
+    assert seen == {BARE_ADAPTER: len(batches)}  # it ran through the learner's own backbone, its adapter active
     assert BARE_ADAPTER not in learner.peft.peft_config and learner.peft.active_adapter == "default"
     assert sorted(lora_parameters(learner.peft)) == names
     assert all(torch.equal(before[k], v) for k, v in lora_state(learner.peft).items())

@@ -296,7 +296,7 @@ def test_config_ranges_are_validated() -> None:
     with pytest.raises(ValueError, match="clip_low"):
         LearnerConfig(clip_low=1.5)
     with pytest.raises(ValueError, match="zero_stage"):
-        LearnerConfig(zero_stage=3)
+        LearnerConfig(zero_stage=4)
 
 
 def test_default_yaml_matches_the_dataclass() -> None:
