@@ -33,6 +33,7 @@ from diprl.eval.refs import BASE, check_published, is_llm
 from diprl.eval.report import check_writable
 from diprl.eval.suite import SuiteConfig
 from diprl.rollout.clients import PolicyClient
+from diprl.structured_config import read_command_line
 
 PROG = "python -m diprl.evaluate"
 
@@ -136,17 +137,12 @@ def run(plan: Plan, client: PolicyClient | None = None) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None, client: PolicyClient | None = None) -> int:
     """Entry point; `client` replaces the local PolicyServer (tests, callers inside a Ray cluster)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help", "help") for a in args):
-        print(__doc__)
-        print("options (key=default):")
-        print("\n".join(option_help()))
-        return 0
-    try:
-        plan = make_plan(load_evaluate_config(args), have_client=client is not None)
-    except (ValueError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    have_client = client is not None
+    plan = read_command_line(
+        PROG, __doc__, argv, option_help, lambda args: make_plan(load_evaluate_config(args), have_client)
+    )
+    if isinstance(plan, int):
+        return plan
     quiet_libraries(plan.config.verbose)
     from diprl.eval.report import format_suite, summary_line
 

@@ -7,8 +7,14 @@ becoming a default.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -59,3 +65,75 @@ def explain_override_error(exc: BaseException) -> str:
     if "missing EQUAL" in str(exc):
         parts.append("options are key=value")
     return ": ".join(dict.fromkeys(parts)) or repr(exc)
+
+
+def compose_structured(
+    schema: type[T], schema_name: str, group: str, overrides: Sequence[str], conf_dir: Path | None = None
+) -> T:
+    """`conf/<group>/default.yaml` (whose `defaults` list names `schema_name`) with `overrides` applied.
+
+    Through Hydra's compose API rather than `@hydra.main`: a command gets Hydra's override grammar and the
+    schema's checks (a typo'd key or a wrong type fails before anything starts) but no working-directory
+    change, output folders or logging takeover. Every problem, the schema's own `ValueError`s included, is
+    a one-line `ConfigError` naming it, so a command reports all of them the same way.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    ConfigStore.instance().store(name=schema_name, node=schema)
+    directory = (conf_dir or CONF_DIR) / group
+    try:
+        with initialize_config_dir(config_dir=str(directory.resolve()), version_base="1.3"):
+            cfg = compose(config_name="default", overrides=list(overrides))
+        config = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(explain_override_error(exc)) from exc
+    if not isinstance(config, schema):
+        raise ConfigError(f"{directory}/default.yaml did not produce a {schema.__name__}")
+    return config
+
+
+def option_lines(defaults: DataclassInstance, names: Sequence[str] | None = None, prefix: str = "") -> list[str]:
+    """`  key=default` for the fields `names` of the dataclass `defaults` (all of them, in order, if None).
+
+    A field that is itself a dataclass is listed field by field, dotted (`data.games=400`), because that is
+    how its options are given on the command line.
+    """
+    lines = []
+    for name in names if names is not None else [f.name for f in fields(defaults)]:
+        value = getattr(defaults, name)
+        if is_dataclass(value) and not isinstance(value, type):
+            lines += option_lines(value, prefix=f"{prefix}{name}.")
+        else:
+            lines.append(f"  {prefix}{name}={value}")
+    return lines
+
+
+def read_command_line(
+    prog: str,
+    usage: str | None,
+    argv: Sequence[str] | None,
+    options: Callable[[], list[str]],
+    load: Callable[[list[str]], T],
+) -> T | int:
+    """What a `key=value` command is to run, or its exit status when it runs nothing.
+
+    `-h`, `--help` or `help` prints `usage` and `options()` and gives 0; a bad option (`load` raises a
+    `ValueError`, a `ConfigError` among them, or an `OSError`, such as an unwritable output path) is one
+    line on stderr and gives 2. `argv` None reads `sys.argv`. One place, so that every command answers
+    help and mistakes alike.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help", "help") for a in args):
+        print(usage)
+        print("options (key=default):")
+        print("\n".join(options()))
+        return 0
+    try:
+        return load(args)
+    except (ValueError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2

@@ -159,11 +159,9 @@ def warm_start_adapter(out: Path, overrides: Sequence[str] = ()) -> tuple[str, s
 
 
 def warm_start_overrides(adapter: str, model: str) -> list[str]:
-    """Training overrides that start from `adapter`: the model it was trained on, served at its LoRA rank."""
-    from diprl.policy.models import load_preset
-
-    rank = load_preset(model).lora.rank
-    return [f"learner.init_adapter={adapter}", f"model={model}", f"inference.max_lora_rank={max(8, rank)}"]
+    """Training overrides that start from `adapter`, on the model it was trained on (the composed config
+    serves that model's LoRA rank: `diprl.run.config.typed_config`)."""
+    return [f"learner.init_adapter={adapter}", f"model={model}"]
 
 
 def warm_start_lines(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.game import DEFAULT_MAX_YEAR
-from diprl.structured_config import CONF_DIR, explain_override_error
+from diprl.structured_config import compose_structured, option_lines
 
 SCHEMA_NAME = "evaluate_schema"
 
@@ -108,39 +108,18 @@ class EvaluateConfig(GamesConfig):
 
 def option_help() -> list[str]:
     """`key=default` for every option, the command's own first, for `--help` (meanings: this module)."""
-    defaults = EvaluateConfig()
     games = [f.name for f in fields(GamesConfig)]
-    names = [f.name for f in fields(EvaluateConfig) if f.name not in games] + games
-    return [f"  {name}={getattr(defaults, name)}" for name in names]
-
-
-def register() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=EvaluateConfig)
+    return option_lines(EvaluateConfig(), [f.name for f in fields(EvaluateConfig) if f.name not in games] + games)
 
 
 def load_evaluate_config(overrides: Sequence[str], conf_dir: Path | None = None) -> EvaluateConfig:
     """`conf/evaluate/default.yaml` with `overrides` (Hydra syntax) applied, as an `EvaluateConfig`.
 
-    Errors come back as `ValueError`: Hydra's message for an unknown key, a wrong type or bad override
-    syntax (it names the key), `GamesConfig`'s for a bad value (`games=0`, `max_year=1800`, ...).
+    Errors come back as `ValueError` (`ConfigError`, but for `opponents`): Hydra's message for an unknown
+    key, a wrong type or bad override syntax (it names the key), `GamesConfig`'s for a bad value
+    (`games=0`, `max_year=1800`, ...).
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    register()
-    directory = (conf_dir or CONF_DIR) / "evaluate"
-    try:
-        with initialize_config_dir(config_dir=str(directory.resolve()), version_base="1.3"):
-            cfg = compose(config_name="default", overrides=list(overrides))
-        config = OmegaConf.to_object(cfg)
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise ValueError(explain_override_error(exc)) from exc
-    if not isinstance(config, EvaluateConfig):
-        raise ValueError(f"{directory}/default.yaml did not produce an EvaluateConfig")
+    config = compose_structured(EvaluateConfig, SCHEMA_NAME, "evaluate", overrides, conf_dir)
     if isinstance(config.opponents, list | tuple):
         config.opponents = [str(o) for o in config.opponents]
     elif not isinstance(config.opponents, str):

@@ -18,20 +18,14 @@ PROG = "python -m diprl.imitation"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: 0 after the run or `--help`, 2 after a bad option (said on stderr)."""
     from diprl.console import quiet_libraries
-    from diprl.imitation.config import ConfigError, load_imitate_config, option_help
+    from diprl.imitation.config import load_imitate_config, option_help
+    from diprl.structured_config import read_command_line
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help", "help") for a in args):
-        print(__doc__)
-        print("options (key=default):")
-        print("\n".join(option_help()))
-        return 0
-    try:
-        config = load_imitate_config(args)
-    except ConfigError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    config = read_command_line(PROG, __doc__, argv, option_help, load_imitate_config)
+    if isinstance(config, int):
+        return config
     quiet_libraries(config.verbose)
     from diprl.imitation.run import run, summary_lines
 

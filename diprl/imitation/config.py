@@ -10,12 +10,12 @@ starts), without Hydra's working-directory change or logging takeover.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from diprl.imitation.data import TeacherConfig
 from diprl.learn.config import LearnerConfig
-from diprl.structured_config import CONF_DIR, ConfigError, explain_override_error
+from diprl.structured_config import ConfigError, compose_structured, option_lines
 
 SCHEMA_NAME = "imitate_schema"
 
@@ -59,23 +59,9 @@ class ImitateConfig:
         return self.steps
 
 
-def register() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=ImitateConfig)
-
-
 def option_help() -> list[str]:
-    """`key=default` for every option, nested ones dotted, for `--help`."""
-    defaults = load_imitate_config([])
-    lines = []
-    for f in fields(ImitateConfig):
-        value = getattr(defaults, f.name)
-        if f.name in ("data", "learner"):
-            lines += [f"  {f.name}.{g.name}={getattr(value, g.name)}" for g in fields(value)]
-        else:
-            lines.append(f"  {f.name}={value}")
-    return lines
+    """`key=default` for every option, nested ones dotted, for `--help`: the YAML's defaults, not the schema's."""
+    return option_lines(load_imitate_config([]))
 
 
 def load_imitate_config(overrides: Sequence[str], conf_dir: Path | None = None) -> ImitateConfig:
@@ -84,19 +70,4 @@ def load_imitate_config(overrides: Sequence[str], conf_dir: Path | None = None) 
     Every problem (unknown key, wrong type, a value out of range, an unknown bot) is a `ConfigError`
     naming it.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    register()
-    directory = (conf_dir or CONF_DIR) / "imitation"
-    try:
-        with initialize_config_dir(config_dir=str(directory.resolve()), version_base="1.3"):
-            cfg = compose(config_name="default", overrides=list(overrides))
-        config = OmegaConf.to_object(cfg)
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(explain_override_error(exc)) from exc
-    if not isinstance(config, ImitateConfig):
-        raise ConfigError(f"{directory}/default.yaml did not produce an ImitateConfig")
-    return config
+    return compose_structured(ImitateConfig, SCHEMA_NAME, "imitation", overrides, conf_dir)

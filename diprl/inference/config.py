@@ -11,7 +11,7 @@ import ipaddress
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,10 +231,27 @@ def load_server_config(name: str, conf_dir: Path | None = None) -> ServerConfig:
     """Read `conf/inference/<name>.yaml` into a validated `ServerConfig` (typos, wrong types, bad ranges fail).
 
     An empty file is an error, not the defaults: it is far more likely a failed write than a choice.
+    `max_lora_rank` holds at least the rank of `model`'s preset (`with_preset_lora_rank`).
     """
     path = (conf_dir or CONF_DIR) / "inference" / f"{name}.yaml"
     if path.is_file() and "/" not in name and not path.read_text().strip():
         raise ValueError(
             f"{path}: the file is empty (write the settings, or `defaults: [base_inference]` for defaults)"
         )
-    return load_structured(ServerConfig, "inference", name, conf_dir)
+    return with_preset_lora_rank(load_structured(ServerConfig, "inference", name, conf_dir))
+
+
+def with_preset_lora_rank(config: ServerConfig) -> ServerConfig:
+    """`config` with LoRA slots wide enough for its model preset's adapters (`rank_to_serve`).
+
+    A training run's composed config gets this from its model preset; a standalone server
+    (`python -m diprl.evaluate server=<name>`) has only its YAML, which would otherwise have to repeat the
+    preset's rank. A `model` that is a checkpoint path names no preset and keeps its setting. Presets are
+    looked up where the server resolves `model` (`server.resolve_model`), the default conf directory.
+    """
+    from diprl.policy.models import known_presets, load_preset
+
+    if config.model not in known_presets():
+        return config
+    rank = rank_to_serve(config.max_lora_rank, load_preset(config.model).lora.rank)
+    return config if rank == config.max_lora_rank else replace(config, max_lora_rank=rank)

@@ -14,7 +14,7 @@ from diprl.imitation.agreement import agreement
 from diprl.imitation.data import TeacherData
 from diprl.imitation.decode import greedy_completions
 from diprl.imitation.teacher import TeacherExample, ordered_lines, teacher_completion
-from diprl.messages import Generation, GenerationRequest
+from diprl.messages import GenerationRequest
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.vocab import TokenTable
 
@@ -109,16 +109,12 @@ def test_the_greedy_decode_is_what_the_policy_server_writes_at_temperature_zero(
 ) -> None:
     """The same adapter, served by the PolicyServer's engine (vLLM, the V1 logits processor) with
     temperature 0, writes token for token what `greedy_completions` decodes."""
-    import asyncio
-
-    import torch
-
     from diprl.inference.adapters import AdapterStore
     from diprl.inference.config import ServerConfig
-    from diprl.inference.server import PolicyEngine
     from diprl.learn.config import LearnerConfig
     from diprl.learn.model import base_model_name, build_peft_model
     from diprl.policy.models import load_preset, random_lora_model, resolve_model_path
+    from tests.inference.lora_fixtures import serve_in_process
 
     _, table = tok
     preset = load_preset("tiny")
@@ -139,17 +135,6 @@ def test_the_greedy_decode_is_what_the_policy_server_writes_at_temperature_zero(
         max_num_seqs=8,
     )
 
-    async def serve() -> list[Generation]:
-        engine = PolicyEngine(config)
-        try:
-            return await engine.generate(requests)
-        finally:
-            engine.shutdown()
-
-    threads = torch.get_num_threads()
-    try:
-        served = asyncio.run(serve())
-    finally:
-        torch.set_num_threads(threads)
+    served = serve_in_process(config, requests)
     assert all(r.error is None for r in served), [r.error for r in served]
     assert [list(r.token_ids) for r in served] == local

@@ -1,4 +1,5 @@
-"""Tiny LoRA adapters on the tiny Qwen3, for adapter-store and server tests.
+"""Tiny LoRA adapters on the tiny Qwen3, and the PolicyServer's engine run in-process to serve them, for
+adapter-store, server and parity tests.
 
 PEFT initialises `lora_B` to zeros, so a fresh adapter computes exactly the base model; these
 helpers fill every LoRA weight from a seeded generator instead, so different seeds give adapters
@@ -8,11 +9,15 @@ model's directory, so `base_model_name_or_path` in the saved config is the path 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from diprl.inference.config import ServerConfig
+from diprl.messages import Generation, GenerationRequest
 from diprl.policy.models import load_preset, random_lora_model, resolve_model_path, save_random_lora
 
 
@@ -36,3 +41,23 @@ def make_lora_model(seed: int, rank: int = 8, alpha: int | None = None) -> Any:
 def make_lora_dir(tmp_path: Path, seed: int, rank: int = 8) -> Path:
     """Save `make_lora_model(seed, rank)` with `save_pretrained` (safetensors) under `tmp_path`."""
     return save_random_lora(tmp_path / f"lora-seed{seed}-r{rank}", seed, rank)
+
+
+def serve_in_process(config: ServerConfig, requests: Sequence[GenerationRequest | dict[str, Any]]) -> list[Generation]:
+    """What the PolicyServer deployment's engine (`PolicyEngine`, the code each replica runs) answers to
+    `requests`, started in this process and shut down afterwards: the served side of a parity test, without
+    Ray Serve. torch's thread count is put back afterwards, because vLLM pins it to one thread in-process."""
+    from diprl.inference.server import PolicyEngine
+
+    async def serve() -> list[Generation]:
+        engine = PolicyEngine(config)
+        try:
+            return await engine.generate(list(requests))
+        finally:
+            engine.shutdown()
+
+    threads = torch.get_num_threads()
+    try:
+        return asyncio.run(serve())
+    finally:
+        torch.set_num_threads(threads)

@@ -35,6 +35,23 @@ def test_bad_inference_config_is_a_clear_error(tmp_path: Path, line: str, messag
         load_server_config("bad", tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("lines", "rank"),
+    [
+        ("model: small", 16),  # the preset's LoRA rank, above the default 8
+        ("model: small\nmax_lora_rank: 32", 32),  # a wider setting stays: it serves other adapters too
+        ("model: tiny", 8),
+        ("model: /checkpoints/qwen3", 8),  # a checkpoint path names no preset: the setting as written
+    ],
+)
+def test_a_standalone_server_holds_its_model_presets_lora_rank(tmp_path: Path, lines: str, rank: int) -> None:
+    """`python -m diprl.evaluate server=<name>` serves a preset's adapters as a training run does: a config
+    naming `model: small` without `max_lora_rank: 16` would otherwise refuse every `small` adapter."""
+    (tmp_path / "inference").mkdir()
+    (tmp_path / "inference" / "server.yaml").write_text(lines + "\n")
+    assert load_server_config("server", tmp_path).max_lora_rank == rank
+
+
 def test_unknown_inference_config_lists_the_known_ones() -> None:
     with pytest.raises(KeyError, match="local"):
         load_server_config("laptop")

@@ -4,10 +4,8 @@ with the compact vocabulary of the CPU presets and with Qwen3's own (the GPU mod
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,26 +19,9 @@ from diprl.messages import TrainingRecord
 from diprl.policy.models import ModelSource, TinyModelSpec, TokenizerKind, load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
+from tests.inference.lora_fixtures import serve_in_process
 
 from .groups import make_group, on_policy
-
-
-def _served(config: ServerConfig, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The PolicyServer deployment's engine (`PolicyEngine`, the code each replica runs), in this process."""
-    from diprl.inference.server import PolicyEngine
-
-    async def run() -> list[dict[str, Any]]:
-        engine = PolicyEngine(config)
-        try:
-            return await engine.generate(requests)
-        finally:
-            engine.shutdown()
-
-    threads = torch.get_num_threads()
-    try:
-        return asyncio.run(run())
-    finally:
-        torch.set_num_threads(threads)  # vLLM pins torch to one thread in-process
 
 
 @pytest.mark.parametrize("vocabulary", ["compact", "qwen3"])
@@ -82,7 +63,7 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(
         adapter_cache=str(tmp_path / "cache"),
         max_num_seqs=8,
     )
-    results = _served(config, requests)
+    results = serve_in_process(config, requests)
     assert [r.error for r in results] == [None] * len(requests)
     assert all(r.complete for r in results)
 
