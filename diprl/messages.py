@@ -312,6 +312,16 @@ def group_id(match_id: str, phase: str, power: str) -> str:
     return f"{match_id}/{phase}/{power}"
 
 
+def group_seat(gid: str) -> tuple[str, str]:
+    """(match, power) of a `group_id`: a match yields at most one group per power (its one fork).
+
+    A replayed match whose sampling went another way forks at another phase; its group is still the
+    same seat's. An id not made by `group_id` is its own seat.
+    """
+    parts = gid.rsplit("/", 2)
+    return (parts[0], parts[2]) if len(parts) == 3 else (gid, "")
+
+
 @dataclass
 class MatchReport:
     """What a rollout worker tells the driver about one match it played (groups went to the ledger)."""
@@ -319,7 +329,7 @@ class MatchReport:
     match_id: str
     results: list[MatchResult]
     groups: list[str]  # ids of the groups the ledger accepted from this match
-    undelivered: int = 0  # groups the ledger had already accepted (a replayed match) or refused (stopping)
+    undelivered: int = 0  # groups the ledger refused (the run is stopping) or another attempt is delivering
     skipped_zero_variance: int = 0
     phases: int = 0
     completions: int = 0

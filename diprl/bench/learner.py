@@ -100,18 +100,20 @@ class BareLoop:
         """(wall, CPU) seconds of one forward/backward/clip/AdamW step on `batches` (adapter set-up not counted)."""
         import torch
 
+        from diprl.learn.model import CompletionHidden
+
         peft = self.learner.peft
         peft.add_adapter(BARE_ADAPTER, peft.peft_config["default"])
         try:
             peft.set_adapter(BARE_ADAPTER)
             params = [p for n, p in peft.named_parameters() if p.requires_grad and f".{BARE_ADAPTER}." in n]
             optimizer = torch.optim.AdamW(params, lr=self.learner.config.lr, weight_decay=0.0)
-            module = self.learner.module
+            hidden_of = CompletionHidden(peft)  # the learner's own backbone, without its LM head
             total = sum(mb.num_tokens for mb in batches)
             t0, cpu0 = time.perf_counter(), time.process_time()
             for mb in batches:
-                hidden = module.hidden_states(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.prefix)
-                logits = torch.nn.functional.linear(hidden, module.lm_head_weight).float()
+                hidden = hidden_of(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.prefix)
+                logits = torch.nn.functional.linear(hidden, hidden_of.lm_head_weight).float()
                 logp = torch.log_softmax(logits, dim=-1).gather(1, mb.targets.unsqueeze(-1)).squeeze(-1)
                 (-(mb.advantages * logp).sum() / total).backward()
             torch.nn.utils.clip_grad_norm_(params, self.learner.config.max_grad_norm)

@@ -169,16 +169,6 @@ class CompletionHidden(nn.Module):
         cols: torch.Tensor,
         prefix: PrefixLayout | None = None,
     ) -> torch.Tensor:
-        return self.hidden_states(input_ids, attention_mask, rows, cols, prefix)
-
-    def hidden_states(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        rows: torch.Tensor,
-        cols: torch.Tensor,
-        prefix: PrefixLayout | None = None,
-    ) -> torch.Tensor:
         """Padded rows (`attention_mask`), or one packed prefix tree (`prefix`: positions and attention blocks)."""
         backbone = self.peft_model.get_base_model().model
         if prefix is None:
@@ -218,7 +208,7 @@ class CompletionScorer(CompletionHidden):
         prefix: PrefixLayout | None = None,
         with_entropy: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = self.hidden_states(input_ids, attention_mask, rows, cols, prefix)
+        hidden = super().forward(input_ids, attention_mask, rows, cols, prefix)
         return completion_logprobs(
             hidden, self.lm_head_weight, targets, temperatures, allowed, self.chunk_tokens, with_entropy
         )

@@ -134,10 +134,7 @@ class Collective:
             return [value]
         import torch
 
-        payload = self._payload(value)
-        sizes = self._sizes(payload)
-        padded = torch.zeros(max(sizes), dtype=torch.uint8, device=payload.device)
-        padded[: payload.numel()] = payload
+        padded, sizes = self._payload(value)
         out = [torch.empty_like(padded) for _ in sizes] if self.writer else None
         torch.distributed.gather(padded, out, dst=0)
         if out is None:
@@ -150,29 +147,26 @@ class Collective:
             return [value]
         import torch
 
-        payload = self._payload(value)
-        sizes = self._sizes(payload)
-        padded = torch.zeros(max(sizes), dtype=torch.uint8, device=payload.device)
-        padded[: payload.numel()] = payload
+        padded, sizes = self._payload(value)
         out = [torch.empty_like(padded) for _ in sizes]
         torch.distributed.all_gather(out, padded)
         return [self._decode(t, n, r) for r, (t, n) in enumerate(zip(out, sizes, strict=True))]
 
-    def _payload(self, value: Any) -> Any:
+    def _payload(self, value: Any) -> tuple[Any, list[int]]:
+        """`value` encoded, padded to the longest rank's encoding, and every rank's length (a collective)."""
         import torch
 
         from diprl.learn.state_files import state_bytes
 
         data = bytearray(state_bytes(value))
-        return torch.frombuffer(data, dtype=torch.uint8).to(self._device())
-
-    def _sizes(self, payload: Any) -> list[int]:
-        import torch
-
-        sizes = torch.zeros(self.world_size, dtype=torch.long, device=payload.device)
-        sizes[self.rank] = payload.numel()
-        torch.distributed.all_reduce(sizes)
-        return [int(n) for n in sizes.tolist()]
+        payload = torch.frombuffer(data, dtype=torch.uint8).to(self._device())
+        lengths = torch.zeros(self.world_size, dtype=torch.long, device=payload.device)
+        lengths[self.rank] = payload.numel()
+        torch.distributed.all_reduce(lengths)
+        sizes = [int(n) for n in lengths.tolist()]
+        padded = torch.zeros(max(sizes), dtype=torch.uint8, device=payload.device)
+        padded[: payload.numel()] = payload
+        return padded, sizes
 
     @staticmethod
     def _decode(tensor: Any, size: int, rank: int) -> Any:

@@ -37,7 +37,7 @@ from ray.util.queue import Full, Queue
 
 from diprl.atomic_io import write_file_atomic
 from diprl.game.seating import game_seed, rotated_seats
-from diprl.messages import Match, MatchReport, TrajectoryGroup
+from diprl.messages import Match, MatchReport, TrajectoryGroup, group_seat
 from diprl.rollout.episode import Episode, EpisodeConfig, EpisodeOutput
 from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PolicyClient, QueueSource, drive
 
@@ -134,6 +134,11 @@ class GroupLedger:
     store, and Ray cannot promise it survives until a restart (ray-project/ray#53727, an error-level
     line for every such actor); a name is a plain value.
 
+    Exactly once means one group per seat of a match (`group_seat`: match and power): a match replayed
+    after its worker died is played again from its seed, but sampling need not repeat itself, and the
+    replay may fork at another phase than the attempt that already delivered; its group is dropped all
+    the same, and `held` names the one that went through.
+
     `accepted_log` (a path; None keeps the ids in memory only) records each accepted id, fsynced
     after the put and before `deliver` returns, so a ledger Ray restarts reads them back and still
     drops a retried group. A crash between the put and the write can let one group through twice;
@@ -146,7 +151,8 @@ class GroupLedger:
             {p: _queue(q) for p, q in queues.items()} if isinstance(queues, Mapping) else _queue(queues)
         )
         self.accepted: set[str] = set()
-        self.in_flight: set[str] = set()
+        self.seats: dict[tuple[str, str], str] = {}  # (match, power) -> the id accepted for it
+        self.in_flight: set[tuple[str, str]] = set()
         self.duplicates = 0
         self.unroutable = 0
         self.refused = 0
@@ -157,7 +163,9 @@ class GroupLedger:
             if self.log_path.is_file():
                 # A torn last line (a crash mid-write) has no newline: its id was never acknowledged.
                 lines = self.log_path.read_text().split("\n")
-                self.accepted.update(line for line in lines[:-1] if line)
+                for gid in (line for line in lines[:-1] if line):
+                    self.accepted.add(gid)
+                    self.seats.setdefault(group_seat(gid), gid)
 
     def _queue_for(self, group: TrajectoryGroup) -> Queue | None:
         if not isinstance(self.queues, dict):
@@ -171,14 +179,15 @@ class GroupLedger:
         False at once, without putting, once the ledger is closed.
         """
         gid = group.group_id
-        if gid in self.accepted or gid in self.in_flight:
+        seat = group_seat(gid)
+        if gid in self.accepted or seat in self.seats or seat in self.in_flight:
             self.duplicates += 1
             return False
         queue = self._queue_for(group)
         if queue is None:
             self.unroutable += 1
             return False
-        self.in_flight.add(gid)  # no await before this line: check-and-mark is atomic
+        self.in_flight.add(seat)  # no await before this line: check-and-mark is atomic
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while True:
@@ -193,12 +202,17 @@ class GroupLedger:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise
         finally:
-            self.in_flight.discard(gid)
+            self.in_flight.discard(seat)
         self._accept(gid)
         return True
 
+    def held(self, group: TrajectoryGroup) -> str | None:
+        """The id of the group accepted for `group`'s seat of its match (its own, or an earlier attempt's)."""
+        return self.seats.get(group_seat(group.group_id))
+
     def _accept(self, gid: str) -> None:
         self.accepted.add(gid)
+        self.seats.setdefault(group_seat(gid), gid)
         if self.log_path is not None:
             with self.log_path.open("a") as fh:
                 fh.write(gid + "\n")
@@ -298,7 +312,9 @@ class RolloutWorker:
                 continue
             if ray.get(self.ledger.deliver.remote(group)):
                 report.groups.append(group.group_id)
-            else:  # already accepted (a replayed match), or refused (the run is stopping)
+            elif (held := ray.get(self.ledger.held.remote(group))) is not None:
+                report.groups.append(held)  # a replayed match: an earlier attempt delivered this seat's group
+            else:  # refused (the run is stopping), or another attempt is delivering it
                 report.undelivered += 1
         report.timings = {"play": played, "deliver": time.perf_counter() - start}
         if out.trace is not None and self.config.trace_dir:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diprl.game import DiplomacyGame, PowerOrders
-from diprl.messages import TrajectoryGroup
+from diprl.messages import TrajectoryGroup, group_id, group_seat
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.models import load_preset, logits_width, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
@@ -101,8 +101,11 @@ def test_a_worker_killed_mid_rollout_loses_and_duplicates_nothing(ray_cluster: N
     assert len(replayed) >= 2, "every match in flight when the worker died is replayed"
     groups = runner.drain()
     ids = Counter(g.group_id for g in groups)
+    # What the reports name is what was queued (a replay names the group an earlier attempt of its match
+    # delivered for a seat), each once, and one group per seat of a match whatever phase a replay forked at.
     expected = {gid for r in reports for gid in r.groups}
     assert set(ids) == expected and all(n == 1 for n in ids.values())
+    assert all(n == 1 for n in Counter(group_seat(g) for g in ids).values())
     # Delivering a group again (what a retry after delivery does) is refused by the ledger.
     assert groups and ray.get(runner.ledger.deliver.remote(groups[0])) is False
 
@@ -122,14 +125,16 @@ def test_rollout_through_the_policy_server_with_the_tiny_model(ray_cluster: None
         ServerConfig(model="tiny", adapter_root=str(tmp_path / "adapters"), adapter_cache=str(tmp_path / "c"), port=0)
     )
     try:
-        config = WorkerConfig(episode=EpisodeConfig(group_size=2, warmup_max_phases=2, horizon_years=1), client="serve")
+        # Four forks of four matches: with fewer, every fork of every match often ends a year later with the
+        # same return (the engine's sampling is not seeded), and a group without variance is not delivered.
+        config = WorkerConfig(episode=EpisodeConfig(group_size=4, warmup_max_phases=2, horizon_years=1), client="serve")
         runner = RolloutRunner(config, num_workers=2, run_dir=tmp_path)
-        reports = runner.run(list(stratified_matches(2, "main@v1", ["main@v1", "bot:dumbbot"], seed=3)))
+        reports = runner.run(list(stratified_matches(4, "main@v1", ["main@v1", "bot:dumbbot"], seed=3)))
         groups = runner.drain()
         assert all(r.bad_completions == 0 and r.completions > 0 for r in reports)
         assert groups, [r.skipped_zero_variance for r in reports]
         for group in groups:
-            check_group(group, 2)
+            check_group(group, 4)
     finally:
         serve.delete("policy")
 
@@ -166,12 +171,19 @@ def test_a_restarted_ledger_still_drops_groups_it_accepted(
     queue = Queue(maxsize=4, actor_options={"name": "queue-restart-test"})
     accepted = str(tmp_path / "ledger" / "accepted.txt")
     ledger = GroupLedger.remote({"main": "queue-restart-test"}, accepted)  # type: ignore[attr-defined]
+    first = group_id("m7", "S1902M", "FRANCE")
     assert ray.get(ledger.deliver.remote(_group("a"))) is True
+    assert ray.get(ledger.deliver.remote(_group(first))) is True
     ray.kill(ledger, no_restart=False)  # Ray restarts it; its accepted ids come back from the file
     assert ray.get(ledger.deliver.remote(_group("a"))) is False
+    # A replay of match m7 whose sampling went another way forked a year later: the same seat, dropped.
+    replay = _group(group_id("m7", "F1903M", "FRANCE"))
+    assert ray.get(ledger.deliver.remote(replay)) is False
+    assert ray.get(ledger.held.remote(replay)) == first
+    assert ray.get(ledger.deliver.remote(_group(group_id("m7", "F1903M", "ENGLAND")))) is True  # another seat
     assert ray.get(ledger.deliver.remote(_group("b"))) is True
-    assert ray.get(ledger.stats.remote())["accepted"] == 2
-    assert [queue.get(timeout=5).group_id for _ in range(2)] == ["a", "b"]
+    assert ray.get(ledger.stats.remote())["accepted"] == 4
+    assert [queue.get(timeout=5).group_id for _ in range(4)] == ["a", first, "m7/F1903M/ENGLAND", "b"]
     # Queues passed by name: no object-store constructor argument for Ray to lose (ray-project/ray#53727).
     assert "constructor arguments in the object store" not in capfd.readouterr().err
 
