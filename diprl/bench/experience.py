@@ -41,7 +41,15 @@ COMMON = [
     "evaluation.at_end=false",
     "evaluation.every_steps=0",
 ]
-OLD = ["model=tiny_qwen", "rollout.matches_in_flight=1", "learner.prefix_sharing=false", "league.train_seats=hero"]
+# Today's setting before the experience work: also its 4 groups a step (both experiments had 4; `random`
+# now takes 16, which at the old setting's supply would leave a quarter of a 4-minute run untrained).
+OLD = [
+    "model=tiny_qwen",
+    "rollout.matches_in_flight=1",
+    "learner.prefix_sharing=false",
+    "league.train_seats=hero",
+    "learner.groups_per_step=4",
+]
 
 
 @dataclass(frozen=True)
