@@ -63,8 +63,8 @@ from diprl.learn.model import (
     lora_state,
     make_engine,
     read_adapter_dir,
+    whole_lora,
 )
-from diprl.learn.partitions import whole
 from diprl.learn.ranks import Collective, RankSpec, split_by_tokens
 from diprl.learn.state_files import read_state, state_paths, write_state
 from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
@@ -250,7 +250,7 @@ class Learner:
         its number (their weights are the same) and fail alike when rank 0's write failed.
         """
         name, error = None, None
-        with whole(list(lora_parameters(self.peft).values())):  # every rank: rank 0 saves whole weights
+        with whole_lora(self.peft):  # every rank: rank 0 saves whole weights
             if self.dist.writer:
                 try:
                     if self.registry is not None:
@@ -454,7 +454,7 @@ class Learner:
             self.peft.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
 
         path, error = None, None
-        with whole(list(lora_parameters(self.peft).values())):  # every rank: rank 0 saves the PEFT copy
+        with whole_lora(self.peft):  # every rank: rank 0 saves the PEFT copy
             if dist.writer:
                 try:
                     path = self.checkpoints.save(self.step, write, meta=meta)

@@ -98,11 +98,15 @@ def lora_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in sorted(model.named_parameters()) if p.requires_grad}
 
 
+def whole_lora(model: nn.Module, modify: bool = False) -> contextlib.AbstractContextManager[None]:
+    """The model's LoRA weights whole inside the block, also at ZeRO-3 (`partitions.whole`)."""
+    return whole(list(lora_parameters(model).values()), modify)
+
+
 def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """A float32 CPU copy of the LoRA weights."""
-    params = lora_parameters(model)
-    with whole(list(params.values())):
-        return {n: p.detach().float().cpu().clone() for n, p in params.items()}
+    with whole_lora(model):
+        return {n: p.detach().float().cpu().clone() for n, p in lora_parameters(model).items()}
 
 
 @torch.no_grad()
@@ -112,7 +116,7 @@ def load_lora_state_(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     if set(params) != set(state):
         missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         raise ValueError(f"LoRA state does not fit the model: missing {missing[:3]}, unexpected {extra[:3]}")
-    with whole(list(params.values()), modify=True):
+    with whole_lora(model, modify=True):
         for name, p in params.items():
             if p.shape != state[name].shape:
                 raise ValueError(f"LoRA weight {name}: shape {tuple(state[name].shape)}, model has {tuple(p.shape)}")

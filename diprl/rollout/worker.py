@@ -150,7 +150,6 @@ class GroupLedger:
         self.queues: dict[str, Queue] | Queue = (
             {p: _queue(q) for p, q in queues.items()} if isinstance(queues, Mapping) else _queue(queues)
         )
-        self.accepted: set[str] = set()
         self.seats: dict[tuple[str, str], str] = {}  # (match, power) -> the id accepted for it
         self.in_flight: set[tuple[str, str]] = set()
         self.duplicates = 0
@@ -164,7 +163,6 @@ class GroupLedger:
                 # A torn last line (a crash mid-write) has no newline: its id was never acknowledged.
                 lines = self.log_path.read_text().split("\n")
                 for gid in (line for line in lines[:-1] if line):
-                    self.accepted.add(gid)
                     self.seats.setdefault(group_seat(gid), gid)
 
     def _queue_for(self, group: TrajectoryGroup) -> Queue | None:
@@ -180,7 +178,7 @@ class GroupLedger:
         """
         gid = group.group_id
         seat = group_seat(gid)
-        if gid in self.accepted or seat in self.seats or seat in self.in_flight:
+        if seat in self.seats or seat in self.in_flight:
             self.duplicates += 1
             return False
         queue = self._queue_for(group)
@@ -211,8 +209,7 @@ class GroupLedger:
         return self.seats.get(group_seat(group.group_id))
 
     def _accept(self, gid: str) -> None:
-        self.accepted.add(gid)
-        self.seats.setdefault(group_seat(gid), gid)
+        self.seats[group_seat(gid)] = gid
         if self.log_path is not None:
             with self.log_path.open("a") as fh:
                 fh.write(gid + "\n")
@@ -225,7 +222,7 @@ class GroupLedger:
 
     def stats(self) -> dict[str, int]:
         return {
-            "accepted": len(self.accepted),
+            "accepted": len(self.seats),
             "duplicates": self.duplicates,
             "unroutable": self.unroutable,
             "refused": self.refused,
