@@ -64,7 +64,7 @@ def body_candidates() -> list[Candidate]:
     return [
         Candidate("w128 L4, compact 4096", spec(128, 4, 4096)),
         Candidate("w256 L4, compact 4096", spec(256, 4, 4096)),
-        Candidate("w256 L4, compact 8192", spec(256, 4, 8192)),
+        Candidate("w256 L4, compact 2048", spec(256, 4, 2048)),
         Candidate("w256 L8, compact 4096", spec(256, 8, 4096)),
         Candidate("w384 L6, compact 4096", spec(384, 6, 4096)),
     ]

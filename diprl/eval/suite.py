@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import multiprocessing as mp
 import time
 from collections import Counter
@@ -41,7 +40,16 @@ from diprl.eval.stats import mean_summary, rate_summary
 from diprl.game import DiplomacyGame
 from diprl.game.seating import SEED_STRIDE, game_seed, rotated_seats, standard_powers
 from diprl.messages import PolicyRef
-from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PhaseOutcome, PolicyClient, Table, drive
+from diprl.rollout.lockstep import (
+    IterSource,
+    Job,
+    LockstepStats,
+    PhaseOutcome,
+    PolicyClient,
+    Table,
+    drive,
+    request_seed,
+)
 
 __all__ = [
     "SEED_STRIDE",
@@ -201,12 +209,6 @@ class _Measure:
             behaviour=behaviour.to_dict(),
             llm={k: self.llm[k] for k in llm_keys},
         )
-
-
-def request_seed(game_seed: int, power: str, phase: str, stream: int = 0) -> int:
-    """The sampling seed of one seat's decision in one game: stable across processes and runs."""
-    digest = hashlib.sha256(f"{stream}:{game_seed}:{power}:{phase}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: a non-negative int64
 
 
 def play_game(spec: GameSpec) -> Generator[Sequence[Table], Sequence[PhaseOutcome], PlayedGame]:

@@ -3,7 +3,7 @@
 Why: on a CPU, vLLM's sampler draws exponential noise over the whole vocabulary for every sampled
 token, and with Qwen's 151,936 ids that noise (not the model) is most of a token's cost; the same
 rows are 97% of a tiny model's parameters. A few thousand ids fitted to our prompts and orders make
-sampling cheap, spell a prompt in about a fifth of Qwen's ids and an order in one or two, and free
+sampling cheap, spell a prompt in a fraction of Qwen's ids and an order in four or five, and free
 the parameters for the body.
 
 What stays the same: Qwen3's chat special tokens (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`
@@ -14,7 +14,13 @@ Layout: the three special tokens are ids 0-2, the learned merges follow, and the
 are the last two ids, so `len(tokenizer) == vocab_size` exactly and the model's logits width
 equals the tokenizer. The pre-tokenizer splits text into lines (a line keeps its trailing
 newlines), so merges never cross a line break: a token can end an order with its newline but
-never run into the next one, as with Qwen's own regex.
+never run into the next one, as with Qwen's own regex. Within a line it also splits before an
+order's type marker (` -`, ` S`, ` C`, ` H`, ` R`, ` B`, ` D`), so an order is spelled unit, type,
+target (`A BER`, ` S`, ` A MUN`, ` -`, ` SIL\n`) and never as one token. That is what makes a
+random-init policy learnable: "support less" or "move to SIL" is then one output row shared by every
+state, as with Qwen's word-level tokens. With whole-order tokens (recipe 1) each order had its own
+random output row, which LoRA on the body cannot reshape: the learning benchmark's policy did not
+move in 450 steps (README, "Does it learn?").
 
 Built once into the cache with the same primitives as the Qwen tokenizer: a fingerprint of the
 recipe (corpus recipe, vocabulary size, layout), an atomic write, a stamp checked on every load.
@@ -31,7 +37,7 @@ from diprl.cache import cache_root
 from diprl.policy.corpus import CorpusRecipe, corpus_texts
 from diprl.policy.tokenizer import build_cached_dir, chat_tokenizer_config, fingerprint
 
-COMPACT_RECIPE_VERSION = 1
+COMPACT_RECIPE_VERSION = 2
 """Bump when the build below changes in a way the fingerprint cannot see (prompt wording included:
 the corpus is regenerated, not hashed, so a stale vocabulary is only less compact, never wrong)."""
 
@@ -41,8 +47,9 @@ COMPACT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 COMPACT_THINK_TOKENS = ("<think>", "</think>")
 """The last two ids: matched whole, but ordinary text (Qwen3 does not mark them special)."""
 
-LINE_SPLIT_PATTERN = r"[^\n]*\n*"
-"""Pre-tokenizer words: a line with its trailing newlines. Merges stay within one line."""
+SPLIT_PATTERN = r" [-SCHRBD](?=[ \n]|$)|[^\n]+?(?= [-SCHRBD](?:[ \n]|$))|[^\n]*\n*"
+"""Pre-tokenizer words: an order type marker with its leading space, the text of a line up to the next
+marker, the rest of a line with its trailing newlines. Merges stay within one word."""
 
 MIN_VOCAB_SIZE = 512
 """256 byte ids, the five chat tokens, and room for merges that make the vocabulary worth having."""
@@ -84,7 +91,7 @@ def compact_tokenizer_fingerprint(vocab_size: int, corpus: CorpusRecipe = DEFAUL
             "corpus": asdict(corpus),
             "special": COMPACT_SPECIAL_TOKENS,
             "think": COMPACT_THINK_TOKENS,
-            "split": LINE_SPLIT_PATTERN,
+            "split": SPLIT_PATTERN,
             "config": _tokenizer_config(vocab_size),
         }
     )
@@ -96,7 +103,7 @@ def _write_compact(vocab_size: int, corpus: CorpusRecipe, out: Path) -> None:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(LINE_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -177,7 +177,7 @@ BUILTIN_PRESETS: dict[str, ModelPreset] = {
             num_hidden_layers=4,
             num_attention_heads=8,
             num_key_value_heads=4,
-            vocab_size=8192,
+            vocab_size=4096,
         ),
         lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
     ),

@@ -19,6 +19,7 @@ what is not legal and reports it.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from diprl.game.scoring import ranks
 from diprl.messages import Match, MatchResult, TrainingRecord, TrajectoryGroup, group_id
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.credit import CreditAssigner
-from diprl.rollout.lockstep import PhaseOutcome, Table, Turn
+from diprl.rollout.lockstep import PhaseOutcome, SeedFn, Table, Turn, request_seed
 from diprl.rollout.rewards import Rubric, RubricScore
 from diprl.rollout.start_states import StartStates
 
@@ -54,6 +55,13 @@ class EpisodeConfig:
     # (the rest are played on to the next movement decision). Without it those phase kinds never get
     # a gradient: waived builds and careless disbands would never be trained away.
     adjustment_fork_share: float = 0.5
+    # Common random numbers: every fork of a group replays the same draws wherever the forks are not
+    # being compared. Each fork gets its own copy of the rule bots, their random streams in the same state,
+    # and every LLM decision but the compared ones (the trained seats at the forked phase, and their later
+    # turns with train_turns=all) is sampled with a seed shared by all forks. Opponents then give the
+    # forked phase the same orders in every fork, and later phases as nearly the same as the diverging
+    # boards allow, so a group's returns differ by the compared decisions rather than by the dice.
+    common_random_numbers: bool = True
 
     def __post_init__(self) -> None:
         for name in ("adjustment_fork_share", "trace_fraction"):
@@ -127,7 +135,7 @@ class Episode:
         if not (yield from self._advance_to_decision(table, match, rng, out)):
             return out  # no decision left for the hero (eliminated, or the game ended): nothing to train
 
-        forks = [Table(game.fork(), match.seats, bots, cfg.temperature, cfg.max_tokens) for _ in range(cfg.group_size)]
+        forks = self._forks(game, match, bots, rng)
         turns: list[dict[str, list[Turn]]] = [{} for _ in forks]
         first = yield from self._play_to_horizon(forks, game.year + cfg.horizon_years, turns, match, out)
         # `game` is never stepped after forking: it is every fork's pre-state for the per-order scores.
@@ -151,6 +159,21 @@ class Episode:
         if self.start_states is not None and self.start_share > 0 and rng.random() < self.start_share:
             return DiplomacyGame.from_state(self.start_states.sample(rng), max_year=cfg.max_year)
         return DiplomacyGame(max_year=cfg.max_year)
+
+    def _forks(self, game: DiplomacyGame, match: Match, bots: Mapping[str, Agent], rng: random.Random) -> list[Table]:
+        """The group's G tables on copies of `game`; with common random numbers, each with its own copy of
+        the bots (same stream state) and the shared sampling seeds of `fork_seeds`."""
+        cfg = self.config
+        if not cfg.common_random_numbers:
+            return [
+                Table(game.fork(), match.seats, bots, cfg.temperature, cfg.max_tokens) for _ in range(cfg.group_size)
+            ]
+        compared = (match.hero, *match.train)
+        seeds = fork_seeds(rng.randrange(2**31), game.phase, compared, self.credit.cfg.train_turns == "all")
+        return [
+            Table(game.fork(), match.seats, copy.deepcopy(bots), cfg.temperature, cfg.max_tokens, seeds)
+            for _ in range(cfg.group_size)
+        ]
 
     def _advance_to_decision(
         self, table: Table, match: Match, rng: random.Random, out: EpisodeOutput
@@ -288,6 +311,22 @@ class Episode:
             reward_components=dict(score.components),
             order_rewards=dict(order_rewards),
         )
+
+
+def fork_seeds(noise: int, forked_phase: str, compared: Sequence[str], train_later_turns: bool) -> SeedFn:
+    """The sampling seed of each LLM decision in a group's forks: shared by all forks (`noise`, power,
+    phase), except for the decisions being compared, which sample freely (None): the `compared` seats
+    (the hero and the trained seats) at the forked phase, and at every phase when later turns are trained
+    too. A seeded answer carries no behaviour log-probabilities (`diprl.policy.sampling`), so a trained
+    turn is never seeded."""
+    free = frozenset(compared)
+
+    def seed(power: str, phase: str) -> int | None:
+        if power in free and (train_later_turns or phase == forked_phase):
+            return None
+        return request_seed(noise, power, phase)
+
+    return seed
 
 
 def bots_for(match: Match, rng: random.Random) -> dict[str, Agent]:

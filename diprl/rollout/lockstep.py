@@ -25,6 +25,7 @@ a failed policy call fails the jobs that were waiting on it, never the loop.
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -43,8 +44,15 @@ class PolicyClient(Protocol):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
 
 
-SeedFn = Callable[[str, str], int]
-"""(power, phase) -> the sampling seed of that seat's request (reproducible evaluation)."""
+SeedFn = Callable[[str, str], int | None]
+"""(power, phase) -> the sampling seed of that seat's request (reproducible evaluation, common random numbers
+across a group's forks); None leaves that request's sampling to the engine."""
+
+
+def request_seed(game_seed: int, power: str, phase: str, stream: int = 0) -> int:
+    """The sampling seed of one seat's decision in one game: stable across processes and runs."""
+    digest = hashlib.sha256(f"{stream}:{game_seed}:{power}:{phase}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: a non-negative int64
 
 
 @dataclass

@@ -9,8 +9,9 @@ import pytest
 
 from diprl.eval.config import GamesConfig
 from diprl.eval.refs import UnknownPolicyRef
-from diprl.eval.suite import SuiteConfig, game_specs, request_seed, run_suite, run_suites
+from diprl.eval.suite import SuiteConfig, game_specs, run_suite, run_suites
 from diprl.game.seating import standard_powers
+from diprl.rollout.lockstep import request_seed
 
 from .conftest import RecordingClient
 

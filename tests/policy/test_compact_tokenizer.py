@@ -74,11 +74,18 @@ def test_chat_template_and_prompts_are_qwens(tok: Any) -> None:
     assert len(ids) < 0.4 * len(qwen.encode(text))
 
 
-def test_orders_take_few_ids(tok: Any) -> None:
+def test_an_order_is_spelled_unit_type_target_in_few_ids(tok: Any) -> None:
+    """Every order type is a token of its own, shared by all orders: one output row for "support" or
+    "move" that a LoRA on the body can learn to favour (whole-order tokens each had their own row)."""
     game = DiplomacyGame()
     orders = [o for power in game.powers for loc_orders in game.legal_orders(power).by_loc.values() for o in loc_orders]
-    mean = sum(len(tok.encode(f"{o}\n")) for o in orders) / len(orders)
-    assert mean < 3.0, mean
+    spelled = {o: [tok.decode([i]) for i in tok.encode(f"{o}\n")] for o in orders}
+    for order, pieces in spelled.items():
+        words = order.split(" ")
+        if len(words) > 2:  # not a WAIVE
+            assert f" {words[2]}" in pieces, (order, pieces)  # the type marker: " -", " S", " H", " C"
+    mean = sum(len(p) for p in spelled.values()) / len(spelled)
+    assert 3.0 < mean < 5.0, mean
 
 
 def test_corpus_covers_every_phase_kind_and_power() -> None:

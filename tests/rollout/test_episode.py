@@ -171,7 +171,7 @@ def test_builds_and_disbands_are_forked_at_the_configured_share() -> None:
 
 
 def test_the_trace_shows_every_seat_of_every_fork_with_returns_and_advantages() -> None:
-    out = _run(_episode(trace_fraction=1.0, group_size=2), _match(4, main_seats=("FRANCE", "ITALY")))
+    out = _run(_episode(trace_fraction=1.0, group_size=2), _match(6, main_seats=("FRANCE", "ITALY")))
     trace = out.trace
     assert trace is not None and trace["match"]["train"] == ["FRANCE", "ITALY"]
     groups = {g.power: g for g in out.groups}
@@ -218,3 +218,52 @@ def test_a_decision_that_failed_in_every_fork_yields_no_group_and_no_error() -> 
     """Found by the web app's tests: no trainable fork raised out of the episode (an empty comparison)."""
     out = _run(_episode("fork", group_size=2), _match(5), _FailsEveryFork(_client()))
     assert out.groups == [] and len(out.results) == 2 and out.untrainable_completions == 2
+
+
+def _opponents_at_the_fork(common: bool) -> list[dict[str, list[str]]]:
+    """Each fork's orders of the six Random seats at the forked phase (S1901M: warmup 0)."""
+    episode = _episode(trace_fraction=1.0, group_size=3, common_random_numbers=common)
+    trace = _run(episode, _match(6)).trace
+    assert trace is not None and trace["decision_phase"] == "S1901M"
+    return [
+        {p: o for p, o in fork["replay"]["phases"][0]["orders"].items() if p != "FRANCE"} for fork in trace["forks"]
+    ]
+
+
+def test_common_random_numbers_give_every_fork_the_same_opponents_at_the_forked_phase() -> None:
+    shared = _opponents_at_the_fork(common=True)
+    assert len(shared[0]) == 6 and all(orders == shared[0] for orders in shared)
+    free = _opponents_at_the_fork(common=False)  # one bot stream drawn fork after fork
+    assert any(orders != free[0] for orders in free[1:])
+
+
+class _Recording:
+    """The uniform client, keeping each request's (power, phase, sample_seed)."""
+
+    def __init__(self, inner: UniformConstrainedClient) -> None:
+        self.inner = inner
+        self.seen: list[tuple[str, str, int | None]] = []
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        self.seen += [(r.legal["power"], r.legal["phase"], r.sample_seed) for r in requests]
+        return self.inner.generate(requests)
+
+
+@pytest.mark.parametrize("train_turns", ["fork", "all"])
+def test_common_random_numbers_never_seed_a_decision_that_is_compared_or_trained(train_turns: str) -> None:
+    """A seeded answer has no behaviour logprobs: the forked decision and every trained turn sample freely;
+    the hero's untrained later turns share one seed per phase across the forks."""
+    client = _Recording(_client())
+    [group] = _run(_episode(train_turns, group_size=3), _match(5), client).groups
+    forked = [seed for power, phase, seed in client.seen if phase == group.phase]
+    later: dict[str, set[int | None]] = {}
+    for power, phase, seed in client.seen:
+        if phase != group.phase:
+            later.setdefault(phase, set()).add(seed)
+    assert len(forked) == 3 and forked == [None] * 3
+    assert later  # F1901M at least
+    if train_turns == "all":
+        assert all(seeds == {None} for seeds in later.values())
+    else:
+        assert all(len(seeds) == 1 and None not in seeds for seeds in later.values())
+    assert len({tuple(r.completion_ids) for r in group.records}) > 1  # the compared decisions still differ
