@@ -1,12 +1,13 @@
 """Learning benchmark: does the whole system make the policy better at Diplomacy, measured honestly?
 
-    python -m diprl.bench learning [--minutes 30] [--compare | --only NAME...] [--out runs/bench-learning]
+    python -m diprl.bench learning [--minutes 30] [--compare | --only NAME...] [--temperature 0]
+                                   [--out runs/bench-learning] [training overrides ...]
 
 One configuration = one real training run (`python -m diprl.train +experiment=random`: the hero
 against six Random bots, the tiny model on this machine's CPUs, local Ray, the PolicyServer, the
-learner, the league) with the same fixed evaluation before and after: 56 seeded games (the LLM's
-samples seeded too), every power 8 times, 1 hero vs 6 Random, to the end of 1906. The gain is the mean
-over those 56 games of
+learner, the league) with the same fixed evaluation before and after: 56 seeded games, every power 8
+times, 1 hero vs 6 Random, to the end of 1906, the hero greedy (`--temperature`, default 0; at a
+positive temperature its samples are seeded). The gain is the mean over those 56 games of
 (hero centres after - hero centres before), paired game by game (same seed, same power), with a
 95% interval from a paired bootstrap.
 
@@ -92,12 +93,21 @@ def _eval_reports(run_dir: Path) -> tuple[Path, Path]:
     return Path(evals[0]["eval/report"]), Path(evals[-1]["eval/report"])
 
 
-def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    from diprl.run.config import compose_config
-    from diprl.train import run
+EVAL_TEMPERATURE = 0.0
+"""Greedy: each LLM seat plays its policy's most likely orders, so an evaluation measures what the policy
+has learned to prefer rather than how much sampling noise it still carries (`--temperature 1` measures
+sampled play; both evaluations of a pair use the same temperature and seeds)."""
 
-    run_dir = out / variant.name
-    args = [
+
+def training_args(
+    variant: Variant,
+    minutes: float,
+    run_dir: Path,
+    temperature: float = EVAL_TEMPERATURE,
+    overrides: Sequence[str] = (),
+) -> list[str]:
+    """The `python -m diprl.train` overrides of one configuration (its warm start added by `run_variant`)."""
+    return [
         "+experiment=random",
         f"train.run_dir={run_dir}",
         f"train.max_minutes={minutes}",
@@ -105,11 +115,22 @@ def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence
         f"rollout.train_turns={variant.train_turns}",
         f"evaluation.games={EVAL_GAMES}",
         f"evaluation.max_year={EVAL_MAX_YEAR}",
+        f"evaluation.temperature={temperature}",
         "evaluation.opponents=[bot:random]",
         "evaluation.every_steps=0",
         "train.wandb=false",
         *overrides,
     ]
+
+
+def run_variant(
+    variant: Variant, minutes: float, out: Path, overrides: Sequence[str] = (), temperature: float = EVAL_TEMPERATURE
+) -> dict[str, Any]:
+    from diprl.run.config import compose_config
+    from diprl.train import run
+
+    run_dir = out / variant.name
+    args = training_args(variant, minutes, run_dir, temperature, overrides)
     if variant.warm_start:
         adapter, model = warm_start_adapter(out / "imitation")
         args += warm_start_overrides(adapter, model)
@@ -129,6 +150,7 @@ def run_variant(variant: Variant, minutes: float, out: Path, overrides: Sequence
         "learning_gain": gain["gain"],
         "learning_gain_lo": gain["lo"],
         "learning_gain_hi": gain["hi"],
+        "eval_temperature": temperature,
         "run_dir": str(run_dir),
     }
 
@@ -184,10 +206,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=[v.name for v in VARIANTS],
         help="run just these configurations (e.g. to add the ones a previous run did not measure)",
     )
+    parser.add_argument(
+        "--temperature", type=float, default=EVAL_TEMPERATURE, help="evaluation temperature (0: greedy, the default)"
+    )
     parser.add_argument("--out", type=Path, default=Path(f"runs/bench-learning-{time.strftime('%Y%m%d-%H%M%S')}"))
     parser.add_argument("overrides", nargs="*", help="extra training overrides (Hydra syntax)")
     args = parser.parse_args(argv)
-    rows = [run_variant(v, args.minutes, args.out, args.overrides) for v in chosen_variants(args.compare, args.only)]
+    rows = [
+        run_variant(v, args.minutes, args.out, args.overrides, args.temperature)
+        for v in chosen_variants(args.compare, args.only)
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "learning.json").write_text(json.dumps(rows, indent=1))
     print("| configuration | train steps | groups | centres before | centres after | gain [95% CI] |")

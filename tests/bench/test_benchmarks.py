@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,15 @@ def test_experience_benchmark_pairs_old_and_new_settings_and_divides_records_per
             "experience_selfplay_speedup": 20.0,
         }
     )
+
+
+def test_learning_benchmark_evaluates_greedily_unless_told_otherwise(tmp_path: Path) -> None:
+    from diprl.bench.learning import DEFAULT, training_args
+    from diprl.run.config import compose_config
+
+    args = training_args(DEFAULT, 1.0, tmp_path / "run")
+    config, _ = compose_config(args)
+    assert config.evaluation.temperature == 0.0 and config.evaluation.games == 56
+    assert config.rollout.train_turns == "fork" and config.train.max_minutes == 1.0
+    sampled, _ = compose_config(training_args(DEFAULT, 1.0, tmp_path / "run", 1.0, ["learner.lr=0.001"]))
+    assert sampled.evaluation.temperature == 1.0 and sampled.learner.lr == 0.001
