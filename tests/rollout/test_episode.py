@@ -75,8 +75,8 @@ def test_fork_turns_train_only_the_forked_decision() -> None:
 
 
 def test_all_turns_train_every_hero_turn_of_each_fork_with_its_group_advantage() -> None:
-    [fork_group] = _run(_episode("fork"), _match(11)).groups
-    [all_group] = _run(_episode("all"), _match(11)).groups
+    [fork_group] = _run(_episode("fork"), _match(8)).groups
+    [all_group] = _run(_episode("all"), _match(8)).groups
     records = all_group.records
     # Spring decision + autumn + (maybe retreats) + winter adjustments: more than one turn per fork.
     assert len(records) > 3
@@ -113,7 +113,7 @@ def test_every_trained_seat_yields_its_own_group_of_the_same_state() -> None:
 
 def test_seats_not_in_train_are_played_never_trained() -> None:
     """main in three seats but only the hero listed (rollout.train_seats=hero): one group."""
-    match = replace(_match(4, main_seats=("FRANCE", "GERMANY", "ITALY")), train=("FRANCE",))
+    match = replace(_match(8, main_seats=("FRANCE", "GERMANY", "ITALY")), train=("FRANCE",))
     assert [g.power for g in _run(_episode(), match).groups] == ["FRANCE"]
     nothing = _run(_episode(), _match(4, trained=False))
     assert nothing.groups == [] and len(nothing.results) == 3  # played and measured, not trained
@@ -136,7 +136,7 @@ class _FailsOneFork:
 
 def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
     episode = _episode("fork", group_size=4)
-    out = _run(episode, _match(5), _FailsOneFork(_client()))
+    out = _run(episode, _match(8), _FailsOneFork(_client()))
     [group] = out.groups
     assert len(out.results) == 4, "the failed fork still played (holds) and reports"
     kept = [r for i, r in enumerate(out.hero_returns) if i != 1]
@@ -156,10 +156,10 @@ def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
 
 
 def _forked_kind(share: float) -> str:
-    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 7) ends at an
+    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 8) ends at an
     adjustment where France builds: found by search, fixed by the seeds."""
     episode = _episode("fork", group_size=2, warmup_min_phases=7, warmup_max_phases=7, adjustment_fork_share=share)
-    [group] = _run(episode, _match(7)).groups
+    [group] = _run(episode, _match(8)).groups
     return f"{group.phase[-1]} {PowerOrders.from_dict(group.records[0].legal).kind.value}"
 
 
@@ -171,7 +171,7 @@ def test_builds_and_disbands_are_forked_at_the_configured_share() -> None:
 
 
 def test_the_trace_shows_every_seat_of_every_fork_with_returns_and_advantages() -> None:
-    out = _run(_episode(trace_fraction=1.0, group_size=2), _match(6, main_seats=("FRANCE", "ITALY")))
+    out = _run(_episode(trace_fraction=1.0, group_size=2), _match(8, main_seats=("FRANCE", "ITALY")))
     trace = out.trace
     assert trace is not None and trace["match"]["train"] == ["FRANCE", "ITALY"]
     groups = {g.power: g for g in out.groups}
@@ -254,10 +254,10 @@ def test_common_random_numbers_never_seed_a_decision_that_is_compared_or_trained
     """A seeded answer has no behaviour logprobs: the forked decision and every trained turn sample freely;
     the hero's untrained later turns share one seed per phase across the forks."""
     client = _Recording(_client())
-    [group] = _run(_episode(train_turns, group_size=3), _match(5), client).groups
+    [group] = _run(_episode(train_turns, group_size=3), _match(8), client).groups
     forked = [seed for power, phase, seed in client.seen if phase == group.phase]
     later: dict[str, set[int | None]] = {}
-    for power, phase, seed in client.seen:
+    for _, phase, seed in client.seen:
         if phase != group.phase:
             later.setdefault(phase, set()).add(seed)
     assert len(forked) == 3 and forked == [None] * 3
