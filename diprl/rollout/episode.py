@@ -164,14 +164,19 @@ class Episode:
         """The group's G tables on copies of `game`; with common random numbers, each with its own copy of
         the bots (same stream state) and the shared sampling seeds of `fork_seeds`."""
         cfg = self.config
-        if not cfg.common_random_numbers:
-            return [
-                Table(game.fork(), match.seats, bots, cfg.temperature, cfg.max_tokens) for _ in range(cfg.group_size)
-            ]
-        compared = (match.hero, *match.train)
-        seeds = fork_seeds(rng.randrange(2**31), game.phase, compared, self.credit.cfg.train_turns == "all")
+        seeds = None
+        if cfg.common_random_numbers:
+            compared = (match.hero, *match.train)
+            seeds = fork_seeds(rng.randrange(2**31), game.phase, compared, self.credit.cfg.train_turns == "all")
         return [
-            Table(game.fork(), match.seats, copy.deepcopy(bots), cfg.temperature, cfg.max_tokens, seeds)
+            Table(
+                game.fork(),
+                match.seats,
+                bots if seeds is None else copy.deepcopy(bots),
+                cfg.temperature,
+                cfg.max_tokens,
+                seeds,
+            )
             for _ in range(cfg.group_size)
         ]
 
