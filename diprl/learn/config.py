@@ -35,6 +35,10 @@ class LearnerConfig:
     groups_per_step: int = 8  # what the train driver pulls from the queue per train_step
     micro_batch_tokens: int = 8192  # tokens forwarded per forward/backward: the memory knob
     grad_accum: int = 1  # minimum micro-batches per optimiser step (records balanced over them by tokens)
+    # GRPO only: optimiser updates per step on the same batch (PPO's epochs), each against the same old
+    # logprobs, so the clip bounds how far the step moves the policy. One version is published per step.
+    # Worth raising where rollouts, not the learner, set the pace (a CPU run: the learner idles 90% of a step).
+    epochs: int = 1
     clip_low: float = 0.2  # PPO ratio floor 1 - clip_low (for negative advantages)
     clip_high: float = 0.28  # PPO ratio ceiling 1 + clip_high (clip-higher: room for rare good tokens to rise)
     tis_cap: float = 2.0  # truncated importance weight cap on trainer-vs-engine drift
@@ -90,6 +94,7 @@ class LearnerConfig:
         need(self.groups_per_step >= 1, f"groups_per_step must be >= 1, got {self.groups_per_step}")
         need(self.micro_batch_tokens >= 16, f"micro_batch_tokens must be >= 16, got {self.micro_batch_tokens}")
         need(self.grad_accum >= 1, f"grad_accum must be >= 1, got {self.grad_accum}")
+        need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
         need(0 <= self.clip_low < 1, f"clip_low must be in [0, 1), got {self.clip_low}")
         need(self.clip_high >= 0, f"clip_high must be >= 0, got {self.clip_high}")
         need(self.tis_cap >= 1, f"tis_cap must be >= 1 (1 would down-weight every drifted token), got {self.tis_cap}")

@@ -593,18 +593,24 @@ class Learner:
             if state is None:
                 self.counters["old_weights_missing"] += len(indices)
                 continue
-            subset = [prepared[i] for i in indices]
             with self._weights(state):
-                for idx, mb in self._batches(subset):
-                    logp, _ = self._logprobs(mb, with_entropy=False, grad=False)
-                    for j, (s, e) in zip(idx, mb.record_slices, strict=True):
-                        subset[j].logp_old = logp[s:e].tolist()
+                self._fill_logp_old([prepared[i] for i in indices])
+        if self.config.epochs > 1:
+            # Later epochs move the weights: the current weights' logprobs are the old ones only for the first.
+            self._fill_logp_old([r for r in prepared if r.logp_old is None])
         if self.config.kl_coef > 0:
             with self._weights(self.ema):
                 for idx, mb in self._batches(prepared):
                     logp, _ = self._logprobs(mb, with_entropy=False, grad=False)
                     for j, (s, e) in zip(idx, mb.record_slices, strict=True):
                         prepared[j].logp_ref = logp[s:e].tolist()
+
+    def _fill_logp_old(self, records: list[PreparedRecord]) -> None:
+        """Set `logp_old` of `records` to the logprobs under the weights loaded now."""
+        for idx, mb in self._batches(records):
+            logp, _ = self._logprobs(mb, with_entropy=False, grad=False)
+            for j, (s, e) in zip(idx, mb.record_slices, strict=True):
+                records[j].logp_old = logp[s:e].tolist()
 
     def _step(
         self,
@@ -642,6 +648,19 @@ class Learner:
             logger.error("%s: non-finite gradients, optimiser step skipped (%s)", cfg.policy, passes.stats.summary())
             fault = {"fault": "nonfinite_gradients", "step": self.step + 1}
             return self._no_step({**extra, "nonfinite_gradients": 1}, start, quarantined, [fault])
+        first = passes
+        epochs = 1
+        while rl and epochs < cfg.epochs:
+            # The same batch again, less what the first pass quarantined; the ratios are now those the
+            # clip bounds. A later update that is not finite is skipped and ends the step's epochs.
+            passes = self._forward_backward(screened, [i for i in mine if i not in first.excluded], rl)
+            self.engine.step()
+            if not self.engine.was_step_applied():
+                self.counters["nonfinite_steps"] += 1
+                logger.error("%s: non-finite gradients in epoch %d, the step's later epochs skipped", cfg.policy, epochs)
+                break
+            epochs += 1
+        t2 = time.perf_counter()
         self.step += 1
         self.weights_version = None
         self._update_ema()
@@ -651,20 +670,20 @@ class Learner:
         t4 = time.perf_counter()
         checkpoint = self._checkpoint_in_step(faults)
         t5 = time.perf_counter()
-        trained = [r for k, r in enumerate(prepared) if k not in passes.excluded]
+        trained = [r for k, r in enumerate(prepared) if k not in first.excluded]
         trained_tokens = sum(len(r.completion_ids) for r in trained)
         self.counters["records_trained"] += len(trained)
         self.counters["tokens_trained"] += trained_tokens
         metrics: dict[str, Any] = {
             "objective": objective,
-            "loss": passes.loss,
-            **passes.stats.summary(),
+            "loss": first.loss,
+            **first.stats.summary(),
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "lr": cfg.lr,
             "records": len(trained),
             "tokens": trained_tokens,
-            "padded_tokens": passes.padded_tokens,
-            "micro_batches": passes.micro_batches,
+            "padded_tokens": first.padded_tokens,
+            "micro_batches": first.micro_batches,
             "time_recompute_s": t1 - t0,
             "time_fwd_bwd_s": t2 - t1,
             "time_optimizer_s": t3 - t2,
@@ -675,6 +694,11 @@ class Learner:
             **extra,
         }
         metrics["tokens_per_s"] = trained_tokens / max(metrics["time_step_s"], 1e-9)
+        if cfg.epochs > 1 and rl:
+            # What the clip saw in the last epoch: how far the earlier epochs had moved the policy.
+            metrics["epochs"] = epochs
+            last = passes.stats.summary()
+            metrics.update({f"last_{k}": v for k, v in last.items() if k.startswith(("ratio", "clip_frac"))})
         if self.dist.grouped:
             metrics["ranks"] = self.dist.world_size
         return self._report(

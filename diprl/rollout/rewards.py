@@ -28,7 +28,8 @@ from itertools import pairwise
 from pathlib import Path
 
 from diprl.game.game import DiplomacyGame, PhaseRecord, UnknownPowerError
-from diprl.game.orders import MOVE, SUPPORT, parse_order
+from diprl.game.mapgraph import map_graph
+from diprl.game.orders import HOLD, MOVE, SUPPORT, parse_order
 from diprl.game.outcomes import SupportVerdict, classify_supports
 from diprl.game.scoring import ranks
 from diprl.rollout.credit import CreditConfig
@@ -102,6 +103,12 @@ class OrderWeights:
     # Zero: a successful move is already paid for by the outcome and shaping; rewarding every move
     # that goes through would favour aimless motion over useful holds.
     successful_move: float = 0.0
+    # The order that took a supply centre: in a fall movement phase, a move that succeeded onto a centre
+    # the power did not own, or a hold that kept the unit on one. Outcome and shaping pay for the centre
+    # too, but once for the whole completion; this says which of its orders did it (as critical_support
+    # says which support decided an attack), so a group whose forks differ by several orders still
+    # teaches the one that took the centre.
+    captured_centre: float = 1.0
 
 
 @dataclass
@@ -265,6 +272,7 @@ class OrderLabel(StrEnum):
     FUTILE = SupportVerdict.FUTILE.value
     CUT = SupportVerdict.CUT.value
     BOUNCED = "bounced"
+    CAPTURED = "captured"  # took a supply centre the power did not own (fall moves and holds)
     MOVED = "moved"
     OTHER = "other"  # holds, convoys, retreats, builds, disbands, waives: no order-level signal
 
@@ -274,12 +282,14 @@ def order_labels(before: DiplomacyGame, record: PhaseRecord, power: str) -> dict
 
     Only movement phases have order-level signal; elsewhere every order is OTHER. `before` is the
     game at the record's phase, not yet stepped (a fork of it is re-adjudicated, it is not changed).
+    Centres change hands after a fall, so CAPTURED is given in fall movement phases only.
     """
     before.check_power(power)
     orders = record.orders.get(power, ())
     if not record.name.endswith("M"):
         return dict.fromkeys(orders, OrderLabel.OTHER)
     verdicts = classify_supports(before, record, powers={power})
+    capturable = map_graph().supply_centres - set(before.centres(power)) if record.name.startswith("F") else set()
     labels: dict[str, OrderLabel] = {}
     for text in orders:
         order = parse_order(text)
@@ -292,7 +302,9 @@ def order_labels(before: DiplomacyGame, record: PhaseRecord, power: str) -> dict
         elif order.kind == MOVE and "bounce" in codes:
             labels[text] = OrderLabel.BOUNCED
         elif order.kind == MOVE and not codes:
-            labels[text] = OrderLabel.MOVED
+            labels[text] = OrderLabel.CAPTURED if order.target_province in capturable else OrderLabel.MOVED
+        elif order.kind == HOLD and order.loc in capturable and "dislodged" not in codes:
+            labels[text] = OrderLabel.CAPTURED
         else:
             labels[text] = OrderLabel.OTHER
     return labels
@@ -314,6 +326,7 @@ def order_weight(label: OrderLabel, cfg: RewardConfig) -> float:
         OrderLabel.FUTILE: w.futile_support,
         OrderLabel.CUT: w.cut_support,
         OrderLabel.BOUNCED: w.bounced_move,
+        OrderLabel.CAPTURED: w.captured_centre,
         OrderLabel.MOVED: w.successful_move,
         OrderLabel.OTHER: 0.0,
     }[label]

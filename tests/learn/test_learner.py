@@ -188,6 +188,34 @@ def test_reset_publishes_a_fresh_lora_and_drops_groups_from_before_it(shared: Le
     assert metrics.trained is False and metrics.metrics["dropped_stale"] == 1
 
 
+def test_epochs_take_several_clipped_updates_on_one_batch_and_publish_one_version(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """With epochs=3 a step makes three updates, each against the logprobs the batch was sampled with:
+    the later epochs see ratios away from 1 (the clip's view) and the good completion rises further."""
+    rises, reports = {}, {}
+    for epochs in (1, 3):
+        learner = Learner(
+            LearnerConfig(lr=1e-3, epochs=epochs, checkpoint_every=0),
+            tmp_path / f"run{epochs}",
+            tmp_path / f"adapters{epochs}",
+        )
+        try:
+            group = on_policy(learner, make_group(learner.table, tokenizer, "main@v1", [1.0, -1 / 3, -1 / 3, -1 / 3], seed=2))
+            before = [sum(s) for s in learner.score(group.records)]
+            reports[epochs] = learner.train_step([group])
+            after = [sum(s) for s in learner.score(group.records)]
+            rises[epochs] = [a - b for a, b in zip(after, before, strict=True)]
+        finally:
+            learner.engine.destroy()
+    one, three = reports[1].metrics, reports[3].metrics
+    assert reports[3].step == 1 and reports[3].published == "main@v2" and three["epochs"] == 3
+    assert "epochs" not in one
+    assert three["ratio"] == pytest.approx(1.0) and three["ratio_max"] == pytest.approx(one["ratio_max"])
+    assert three["last_ratio_max"] > 1.02 or three["last_ratio_min"] < 0.98, three
+    assert rises[3][0] > rises[1][0] > 0, rises
+
+
 def _config(**kw: Any) -> LearnerConfig:
     return LearnerConfig(
         lr=5e-3, micro_batch_tokens=1200, grad_accum=2, kl_coef=0.1, entropy_coef=0.01, ema_decay=0.5, **kw
@@ -302,6 +330,8 @@ def test_config_ranges_are_validated() -> None:
         LearnerConfig(clip_low=1.5)
     with pytest.raises(ValueError, match="zero_stage"):
         LearnerConfig(zero_stage=4)
+    with pytest.raises(ValueError, match="epochs"):
+        LearnerConfig(epochs=0)
 
 
 def test_default_yaml_matches_the_dataclass() -> None:

@@ -49,6 +49,7 @@ DISTINCT = RewardConfig(
         cut_support=-0.5,
         bounced_move=-0.6,
         successful_move=0.7,
+        captured_centre=0.8,
     ),
     scale=1.0,
 )
@@ -146,6 +147,42 @@ def test_order_labels() -> None:
     assert order_labels(before, record, "GERMANY") == {"A MUN - BUR": OrderLabel.BOUNCED, "A RUH S A MUN - BUR": "cut"}
     assert order_labels(before, record, "FRANCE") == {"A BUR H": OrderLabel.OTHER, "A BEL - RUH": "bounced"}
     assert order_labels(before, record, "ITALY") == {}
+
+
+# Germany owns BER, KIE, MUN; HOL, DEN and BEL are neutral, RUH and BOH are no centres, and France's
+# A PIC bounces Germany's A BUR out of BEL.
+CENTRE_UNITS = {"GERMANY": ["A RUH", "F DEN", "A KIE", "A BUR", "A BOH"], "FRANCE": ["A PIC"]}
+CENTRE_ORDERS = {
+    "GERMANY": ["A RUH - HOL", "F DEN H", "A KIE H", "A BUR - BEL", "A BOH - SIL"],
+    "FRANCE": ["A PIC - BEL"],
+}
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        # Fall: the move onto neutral HOL and the hold on neutral DEN take centres; holding an own centre
+        # (KIE), a bounced move and a move to a non-centre do not.
+        ("F1901M", {"A RUH - HOL": 0.8, "F DEN H": 0.8, "A KIE H": 0.0, "A BUR - BEL": -0.6, "A BOH - SIL": 0.7}),
+        # Spring: nothing changes hands yet, so the same orders only move and hold.
+        ("S1901M", {"A RUH - HOL": 0.7, "F DEN H": 0.0, "A KIE H": 0.0, "A BUR - BEL": -0.6, "A BOH - SIL": 0.7}),
+    ],
+)
+def test_the_order_that_takes_a_centre_in_the_fall_is_rewarded(phase: str, expected: dict[str, float]) -> None:
+    centres = {"GERMANY": ["BER", "KIE", "MUN"], "FRANCE": ["BRE", "MAR", "PAR"]}
+    before, after, record = _play(CENTRE_UNITS, CENTRE_ORDERS, centres, phase)
+    assert order_rewards(before, record, "GERMANY", DISTINCT) == pytest.approx(expected)
+    if phase.startswith("F"):
+        assert {"HOL", "DEN"} <= set(after.centres("GERMANY")) and "BEL" not in after.centres("GERMANY")
+
+
+def test_a_hold_on_a_centre_that_is_dislodged_takes_nothing() -> None:
+    units = {"GERMANY": ["F DEN"], "RUSSIA": ["F SWE", "F BAL"]}
+    orders = {"GERMANY": ["F DEN H"], "RUSSIA": ["F SWE - DEN", "F BAL S F SWE - DEN"]}
+    before, _, record = _play(units, orders, {"GERMANY": ["BER"], "RUSSIA": ["MOS"]}, "F1901M")
+    assert record.results["F DEN"] == ("dislodged",)
+    assert order_labels(before, record, "GERMANY") == {"F DEN H": OrderLabel.OTHER}
+    assert order_labels(before, record, "RUSSIA")["F SWE - DEN"] is OrderLabel.CAPTURED
 
 
 def test_non_movement_phase_orders_score_zero() -> None:
@@ -327,15 +364,15 @@ def test_rubric_scores_a_fork_and_logs_every_component() -> None:
     decision, game = _capture_through_winter()
     rubric = Rubric(replace(DISTINCT, outcome=OutcomeWeights(), shaping=ShapingWeights(), scale=1.0))
     score = rubric.score(decision, game, "GERMANY")
-    assert score.order_rewards == {"A RUH - BEL": 0.7, "A BUR S A RUH - BEL": 2.0}
-    assert score.order_labels == {"A RUH - BEL": "moved", "A BUR S A RUH - BEL": "critical"}
+    assert score.order_rewards == {"A RUH - BEL": 0.8, "A BUR S A RUH - BEL": 2.0}
+    assert score.order_labels == {"A RUH - BEL": "captured", "A BUR S A RUH - BEL": "critical"}
     assert score.shaping["total"] == pytest.approx(1.5)
     assert score.total == pytest.approx(0.9 * score.outcome["total"] + 0.1 * 1.5)
     components = score.components
     assert components["return"] == score.total
-    assert components["orders/critical"] == 1.0 and components["orders/moved"] == 1.0
+    assert components["orders/critical"] == 1.0 and components["orders/captured"] == 1.0
     assert components["orders/void"] == 0.0
-    assert components["orders/reward_sum"] == pytest.approx(2.7)
+    assert components["orders/reward_sum"] == pytest.approx(2.8)
     assert {f"outcome/{k}" for k in OUTCOME_KEYS} | {f"shaping/{k}" for k in SHAPING_KEYS} <= set(components)
 
 
