@@ -48,6 +48,7 @@ DISTINCT = RewardConfig(
         futile_support=-0.4,
         cut_support=-0.5,
         bounced_move=-0.6,
+        self_bounced_move=-0.65,
         successful_move=0.7,
         captured_centre=0.8,
     ),
@@ -174,6 +175,59 @@ def test_the_order_that_takes_a_centre_in_the_fall_is_rewarded(phase: str, expec
     assert order_rewards(before, record, "GERMANY", DISTINCT) == pytest.approx(expected)
     if phase.startswith("F"):
         assert {"HOL", "DEN"} <= set(after.centres("GERMANY")) and "BEL" not in after.centres("GERMANY")
+
+
+SELF_BOUNCE_CASES = {
+    # Two of Germany's armies ordered into BOH: both bounce off each other and nobody else.
+    "two_into_one": (
+        {"GERMANY": ["A MUN", "A SIL"]},
+        {"GERMANY": ["A MUN - BOH", "A SIL - BOH"]},
+        {"A MUN - BOH": -0.65, "A SIL - BOH": -0.65},
+    ),
+    # A swap without a convoy: each bounces off the other, which did not leave.
+    "swap": (
+        {"GERMANY": ["A MUN", "A BER"]},
+        {"GERMANY": ["A MUN - BER", "A BER - MUN"]},
+        {"A MUN - BER": -0.65, "A BER - MUN": -0.65},
+    ),
+    # Into a province its own unit holds: only its own side stopped it.
+    "into_own_hold": (
+        {"GERMANY": ["A MUN", "A BER"]},
+        {"GERMANY": ["A MUN - BER", "A BER H"]},
+        {"A MUN - BER": -0.65, "A BER H": 0.0},
+    ),
+    # Germany's own unit leaves BER, so the move goes through.
+    "own_unit_leaves": (
+        {"GERMANY": ["A MUN", "A BER"]},
+        {"GERMANY": ["A MUN - BER", "A BER - PRU"]},
+        {"A MUN - BER": 0.7, "A BER - PRU": 0.7},
+    ),
+    # A rival's move into BOH too: a real three-way standoff, an ordinary bounce for every side.
+    "rival_joins": (
+        {"GERMANY": ["A MUN", "A SIL"], "AUSTRIA": ["A VIE"]},
+        {"GERMANY": ["A MUN - BOH", "A SIL - BOH"], "AUSTRIA": ["A VIE - BOH"]},
+        {"A MUN - BOH": -0.6, "A SIL - BOH": -0.6},
+    ),
+    # Austria's A BOH leaves for VIE, and Germany's two armies bounce off each other in the emptied BOH.
+    "rival_left": (
+        {"GERMANY": ["A MUN", "A SIL"], "AUSTRIA": ["A BOH"]},
+        {"GERMANY": ["A MUN - BOH", "A SIL - BOH"], "AUSTRIA": ["A BOH - VIE"]},
+        {"A MUN - BOH": -0.65, "A SIL - BOH": -0.65},
+    ),
+    # A rival unit holds TYR: Germany's move bounces off it, not off its own side.
+    "rival_holds": (
+        {"GERMANY": ["A MUN"], "AUSTRIA": ["A TYR"]},
+        {"GERMANY": ["A MUN - TYR"], "AUSTRIA": ["A TYR H"]},
+        {"A MUN - TYR": -0.6},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SELF_BOUNCE_CASES))
+def test_a_move_that_bounces_off_its_own_side_only_is_self_bounced(case: str) -> None:
+    units, orders, expected = SELF_BOUNCE_CASES[case]
+    before, _, record = _play(units, orders)
+    assert order_rewards(before, record, "GERMANY", DISTINCT) == pytest.approx(expected)
 
 
 def test_a_hold_on_a_centre_that_is_dislodged_takes_nothing() -> None:
