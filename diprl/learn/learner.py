@@ -657,7 +657,7 @@ class Learner:
             self.engine.step()
             if not self.engine.was_step_applied():
                 self.counters["nonfinite_steps"] += 1
-                logger.error("%s: non-finite gradients in epoch %d, the step's later epochs skipped", cfg.policy, epochs)
+                logger.error("%s: non-finite gradients in epoch %d, later epochs skipped", cfg.policy, epochs + 1)
                 break
             epochs += 1
         t2 = time.perf_counter()

@@ -201,7 +201,8 @@ def test_epochs_take_several_clipped_updates_on_one_batch_and_publish_one_versio
             tmp_path / f"adapters{epochs}",
         )
         try:
-            group = on_policy(learner, make_group(learner.table, tokenizer, "main@v1", [1.0, -1 / 3, -1 / 3, -1 / 3], seed=2))
+            advantages = [1.0, -1 / 3, -1 / 3, -1 / 3]
+            group = on_policy(learner, make_group(learner.table, tokenizer, "main@v1", advantages, seed=2))
             before = [sum(s) for s in learner.score(group.records)]
             reports[epochs] = learner.train_step([group])
             after = [sum(s) for s in learner.score(group.records)]
