@@ -612,6 +612,24 @@ class Learner:
             for j, (s, e) in zip(idx, mb.record_slices, strict=True):
                 records[j].logp_old = logp[s:e].tolist()
 
+    def _later_epochs(self, screened: Screened, mine: list[int]) -> tuple[int, _Passes | None]:
+        """Epochs 2..`epochs` of a GRPO step on the same records (`mine`, less what the first pass
+        quarantined): their ratios are against the fixed `logp_old`, so the clip bounds the step. A later
+        update that is not finite is skipped and ends the step's epochs. Returns the epochs applied and
+        the last epoch's passes (None when there was only the first)."""
+        epochs, last = 1, None
+        while epochs < self.config.epochs:
+            last = self._forward_backward(screened, mine, rl=True)
+            self.engine.step()
+            if not self.engine.was_step_applied():
+                self.counters["nonfinite_steps"] += 1
+                logger.error(
+                    "%s: non-finite gradients in epoch %d, later epochs skipped", self.config.policy, epochs + 1
+                )
+                break
+            epochs += 1
+        return epochs, last
+
     def _step(
         self,
         records: list[TrainingRecord],
@@ -648,19 +666,9 @@ class Learner:
             logger.error("%s: non-finite gradients, optimiser step skipped (%s)", cfg.policy, passes.stats.summary())
             fault = {"fault": "nonfinite_gradients", "step": self.step + 1}
             return self._no_step({**extra, "nonfinite_gradients": 1}, start, quarantined, [fault])
-        first = passes
-        epochs = 1
-        while rl and epochs < cfg.epochs:
-            # The same batch again, less what the first pass quarantined; the ratios are now those the
-            # clip bounds. A later update that is not finite is skipped and ends the step's epochs.
-            passes = self._forward_backward(screened, [i for i in mine if i not in first.excluded], rl)
-            self.engine.step()
-            if not self.engine.was_step_applied():
-                self.counters["nonfinite_steps"] += 1
-                logger.error("%s: non-finite gradients in epoch %d, later epochs skipped", cfg.policy, epochs + 1)
-                break
-            epochs += 1
-        t2 = time.perf_counter()
+        te = time.perf_counter()
+        epochs, last = self._later_epochs(screened, [i for i in mine if i not in passes.excluded]) if rl else (1, None)
+        te = time.perf_counter() - te
         self.step += 1
         self.weights_version = None
         self._update_ema()
@@ -670,23 +678,23 @@ class Learner:
         t4 = time.perf_counter()
         checkpoint = self._checkpoint_in_step(faults)
         t5 = time.perf_counter()
-        trained = [r for k, r in enumerate(prepared) if k not in first.excluded]
+        trained = [r for k, r in enumerate(prepared) if k not in passes.excluded]
         trained_tokens = sum(len(r.completion_ids) for r in trained)
         self.counters["records_trained"] += len(trained)
         self.counters["tokens_trained"] += trained_tokens
         metrics: dict[str, Any] = {
             "objective": objective,
-            "loss": first.loss,
-            **first.stats.summary(),
+            "loss": passes.loss,
+            **passes.stats.summary(),
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "lr": cfg.lr,
             "records": len(trained),
             "tokens": trained_tokens,
-            "padded_tokens": first.padded_tokens,
-            "micro_batches": first.micro_batches,
+            "padded_tokens": passes.padded_tokens,
+            "micro_batches": passes.micro_batches,
             "time_recompute_s": t1 - t0,
             "time_fwd_bwd_s": t2 - t1,
-            "time_optimizer_s": t3 - t2,
+            "time_optimizer_s": t3 - t2 - te,
             "time_publish_s": t4 - t3,
             "time_checkpoint_s": t5 - t4,
             "time_step_s": t5 - start,
@@ -696,9 +704,10 @@ class Learner:
         metrics["tokens_per_s"] = trained_tokens / max(metrics["time_step_s"], 1e-9)
         if cfg.epochs > 1 and rl:
             # What the clip saw in the last epoch: how far the earlier epochs had moved the policy.
-            metrics["epochs"] = epochs
-            last = passes.stats.summary()
-            metrics.update({f"last_{k}": v for k, v in last.items() if k.startswith(("ratio", "clip_frac"))})
+            metrics.update(epochs=epochs, time_epochs_s=te)
+            if last is not None:
+                summary = last.stats.summary()
+                metrics.update({f"last_{k}": v for k, v in summary.items() if k.startswith(("ratio", "clip_frac"))})
         if self.dist.grouped:
             metrics["ranks"] = self.dist.world_size
         return self._report(

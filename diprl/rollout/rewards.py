@@ -307,7 +307,7 @@ def order_labels(before: DiplomacyGame, record: PhaseRecord, power: str) -> dict
                 label = OrderLabel.CRITICAL_FOR_RIVAL
             labels[text] = label
         elif order.kind == MOVE and "bounce" in codes:
-            own = _bounced_off_own_units_only(before, record, power, order)
+            own = _bounced_off_own_units_only(record, power, order)
             labels[text] = OrderLabel.SELF_BOUNCED if own else OrderLabel.BOUNCED
         elif order.kind == MOVE and not codes:
             labels[text] = OrderLabel.CAPTURED if order.target_province in capturable else OrderLabel.MOVED
@@ -318,21 +318,18 @@ def order_labels(before: DiplomacyGame, record: PhaseRecord, power: str) -> dict
     return labels
 
 
-def _bounced_off_own_units_only(before: DiplomacyGame, record: PhaseRecord, power: str, move: Order) -> bool:
+def _bounced_off_own_units_only(record: PhaseRecord, power: str, move: Order) -> bool:
     """Whether the bounced `move` met nothing but its own side: no rival moved into the target province
     and no rival unit stayed there, so what stopped it was another of the power's moves into the province
     or one of its units that did not leave."""
     target = move.target_province
-    for rival, texts in record.orders.items():
-        if rival != power and any((o := parse_order(t)).kind == MOVE and o.target_province == target for t in texts):
-            return False  # a rival moved in too: a real standoff
-    orders = {o.unit: o for p, texts in record.orders.items() if p != power for o in map(parse_order, texts)}
-    for rival in before.powers:
-        for unit in before.units(rival) if rival != power else ():
-            if unit[2:5] == target:
-                left = unit in orders and orders[unit].kind == MOVE and not record.results.get(unit, ())
-                return left  # a rival unit that stayed stopped it; one that left did not
-    return True
+    rivals = [parse_order(text) for p, texts in record.orders.items() if p != power for text in texts]
+    if any(o.kind == MOVE and o.target_province == target for o in rivals):
+        return False  # a rival moved in too: a real standoff
+    left = {o.unit for o in rivals if o.kind == MOVE and not record.results.get(o.unit, ())}
+    return not any(
+        owner != power and unit[2:5] == target and unit not in left for unit, owner in _owners(record).items()
+    )
 
 
 def _own_unit(game: DiplomacyGame, power: str, unit: str) -> bool:
