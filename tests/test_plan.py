@@ -114,7 +114,7 @@ def test_model_shape_reads_a_tiny_spec_a_checkpoint_or_the_known_table(tmp_path:
     from diprl.policy.models import BUILTIN_PRESETS
 
     tiny = plan.model_shape(BUILTIN_PRESETS["tiny"])
-    assert (tiny.hidden, tiny.layers, tiny.vocab, tiny.tied_embeddings) == (64, 2, 4096, True)
+    assert (tiny.hidden, tiny.layers, tiny.vocab, tiny.tied_embeddings) == (64, 2, 1024, True)
     assert plan.model_shape(BUILTIN_PRESETS["qwen3_14b"]) == plan.KNOWN_SHAPES["Qwen/Qwen3-14B"]
     (tmp_path / "config.json").write_text(
         '{"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, '

@@ -10,17 +10,22 @@ What stays the same: Qwen3's chat special tokens (`<|endoftext|>`, `<|im_start|>
 special; `<think>`, `</think>` matched whole but ordinary text, as in Qwen3) and its chat template,
 so prompts are written exactly as for a real Qwen3. Byte-level, so any text still encodes.
 
-Layout: the three special tokens are ids 0-2, the learned merges follow, and the two think tags
-are the last two ids, so `len(tokenizer) == vocab_size` exactly and the model's logits width
-equals the tokenizer. The pre-tokenizer splits text into lines (a line keeps its trailing
-newlines), so merges never cross a line break: a token can end an order with its newline but
-never run into the next one, as with Qwen's own regex. Within a line it also splits before an
-order's type marker (` -`, ` S`, ` C`, ` H`, ` R`, ` B`, ` D`), so an order is spelled unit, type,
-target (`A BER`, ` S`, ` A MUN`, ` -`, ` SIL\n`) and never as one token. That is what makes a
-random-init policy learnable: "support less" or "move to SIL" is then one output row shared by every
-state, as with Qwen's word-level tokens. With whole-order tokens (recipe 1) each order had its own
-random output row, which LoRA on the body cannot reshape: the learning benchmark's policy did not
-move in 450 steps (README, "Does it learn?").
+Layout: the three special tokens are ids 0-2, the learned merges follow, then reserved ids that
+nothing encodes to (when the corpus has fewer words than the vocabulary has room for), and the two
+think tags are the last two ids, so `len(tokenizer) == vocab_size` exactly and the model's logits
+width equals the tokenizer.
+
+The pre-tokenizer cuts text into words (a run of letters, of digits or of punctuation, each with its
+leading space; newlines apart), so merges never cross a word: `A MUN - BUR` is `A`, ` MUN`, ` -`,
+` BUR`, and the board's `centres: BER KIE MUN` is ` centres`, `:`, ` BER`, ` KIE`, ` MUN`. The corpus
+has about 330 such words, so every one of them is a single id. That is what makes the board readable
+to a random-init policy: a province is the same id wherever it appears (a centre list, a unit, an
+order's target), so "move onto a centre nobody of mine owns" is a comparison of ids the model can
+learn, and the tied output row of ` BUR` is the embedding the board showed it. Recipe 2 merged across
+spaces (`VIE) units: A BOH, A ` was one id, a whole opening board line another): a prompt was 4x
+shorter, but each board was a few opaque ids, and the trained policy picked the same target whatever
+the unit and the board (README, "Does it learn?"). Recipe 1 merged whole orders, giving each its own
+random output row that LoRA on the body could not reshape.
 
 Built once into the cache with the same primitives as the Qwen tokenizer: a fingerprint of the
 recipe (corpus recipe, vocabulary size, layout), an atomic write, a stamp checked on every load.
@@ -37,7 +42,7 @@ from diprl.cache import cache_root
 from diprl.policy.corpus import CorpusRecipe, corpus_texts
 from diprl.policy.tokenizer import build_cached_dir, chat_tokenizer_config, fingerprint
 
-COMPACT_RECIPE_VERSION = 2
+COMPACT_RECIPE_VERSION = 3
 """Bump when the build below changes in a way the fingerprint cannot see (prompt wording included:
 the corpus is regenerated, not hashed, so a stale vocabulary is only less compact, never wrong)."""
 
@@ -47,9 +52,12 @@ COMPACT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 COMPACT_THINK_TOKENS = ("<think>", "</think>")
 """The last two ids: matched whole, but ordinary text (Qwen3 does not mark them special)."""
 
-SPLIT_PATTERN = r" [-SCHRBD](?=[ \n]|$)|[^\n]+?(?= [-SCHRBD](?:[ \n]|$))|[^\n]*\n*"
-"""Pre-tokenizer words: an order type marker with its leading space, the text of a line up to the next
-marker, the rest of a line with its trailing newlines. Merges stay within one word."""
+SPLIT_PATTERN = r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\n+| +"
+"""Pre-tokenizer words: letters, digits or punctuation, each run with its leading space; newlines; other
+spaces. Merges stay within one word."""
+
+RESERVED_TOKEN = "<|reserved_{}|>"
+"""Filler for the ids between the learned merges and the think tags: special, never produced by encoding."""
 
 MIN_VOCAB_SIZE = 512
 """256 byte ids, the five chat tokens, and room for merges that make the vocabulary worth having."""
@@ -92,6 +100,7 @@ def compact_tokenizer_fingerprint(vocab_size: int, corpus: CorpusRecipe = DEFAUL
             "special": COMPACT_SPECIAL_TOKENS,
             "think": COMPACT_THINK_TOKENS,
             "split": SPLIT_PATTERN,
+            "reserved": RESERVED_TOKEN,
             "config": _tokenizer_config(vocab_size),
         }
     )
@@ -121,11 +130,14 @@ def _write_compact(vocab_size: int, corpus: CorpusRecipe, out: Path) -> None:
     texts = corpus_texts(corpus, (*COMPACT_SPECIAL_TOKENS, *COMPACT_THINK_TOKENS))
     backend.train_from_iterator(texts, trainer, length=len(texts))
     learned = backend.get_vocab_size(with_added_tokens=True)
-    if learned != vocab_size - len(COMPACT_THINK_TOKENS):
-        raise RuntimeError(
-            f"the corpus {corpus} yields only {learned + len(COMPACT_THINK_TOKENS)} tokens, fewer than the "
-            f"{vocab_size} asked for: choose a smaller vocabulary or a larger corpus"
-        )
+    backend.add_tokens(
+        [
+            AddedToken(
+                RESERVED_TOKEN.format(i), single_word=False, lstrip=False, rstrip=False, normalized=False, special=True
+            )
+            for i in range(vocab_size - len(COMPACT_THINK_TOKENS) - learned)
+        ]
+    )
     backend.add_tokens(
         [
             AddedToken(token, single_word=False, lstrip=False, rstrip=False, normalized=False, special=False)

@@ -45,7 +45,7 @@ from diprl.policy.tokenizer import (
 if TYPE_CHECKING:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-TINY_RECIPE_VERSION = 1
+TINY_RECIPE_VERSION = 2
 """Bump when `tiny_config` or the saved files change in a way the spec does not show."""
 
 QWEN3_PADDED_VOCAB = 151936
@@ -86,7 +86,7 @@ class TinyModelSpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     head_dim: int = 32
-    vocab_size: int = 4096
+    vocab_size: int = 1024
     tokenizer: TokenizerKind = TokenizerKind.compact
     seed: int = 0
     max_position_embeddings: int = 4096
@@ -177,7 +177,7 @@ BUILTIN_PRESETS: dict[str, ModelPreset] = {
             num_hidden_layers=4,
             num_attention_heads=8,
             num_key_value_heads=4,
-            vocab_size=4096,
+            vocab_size=1024,
         ),
         lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
     ),
@@ -337,7 +337,23 @@ def create_tiny_model(spec: TinyModelSpec, ids: ChatTokenIds | None = None) -> Q
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = Qwen3ForCausalLM(tiny_config(spec, ids))
+        torch.nn.init.normal_(model.model.embed_tokens.weight, std=embedding_std(spec))
     return model.float().eval()
+
+
+def embedding_std(spec: TinyModelSpec) -> float:
+    """Init std of the tied embedding: 1/sqrt(hidden), so an embedding row has norm about 1.
+
+    Why not transformers' 0.02: the embedding is also the (frozen, tied) LM head, and the final RMSNorm
+    (weight 1, frozen too) gives the last hidden state a norm of sqrt(hidden). A logit is their dot
+    product, so with rows of norm 0.02 * sqrt(hidden) no hidden state can move a logit beyond
+    +-0.02 * hidden: +-1.3 for `tiny`, where the best of ten legal targets could never get more than
+    about 30% of the probability, whatever LoRA learned. The policy stayed near uniform (entropy 1.05 a
+    token after 1,000 steps, sampled returns flat). Rows of norm 1 give logits a range of +-sqrt(hidden)
+    (+-8 for `tiny`): a trained model can be confident, and at init the logits have a std of about 1 over
+    the vocabulary, as in a pretrained LM (README, "Does it learn?").
+    """
+    return float(spec.hidden_size) ** -0.5
 
 
 def tiny_model_dir_name(spec: TinyModelSpec) -> str:

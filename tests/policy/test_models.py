@@ -53,9 +53,9 @@ def test_tiny_parameter_count() -> None:
     # Per layer: q 64x128 + k 64x64 + v 64x64 + o 128x64 = 24,576; q_norm + k_norm 2 x 32 = 64;
     # MLP gate/up 64x128 + down 128x64 = 24,576; two RMSNorms 2 x 64 = 128 -> 49,344.
     # 2 layers = 98,688, final norm 64. Embeddings (the LM head is tied to them, counted once):
-    # compact 4,096 x 64 = 262,144 -> 360,896; Qwen's 151,936 x 64 = 9,723,904 -> 9,822,656.
+    # compact 1,024 x 64 = 65,536 -> 164,288; Qwen's 151,936 x 64 = 9,723,904 -> 9,822,656.
     model = create_tiny_model(TinyModelSpec())
-    assert sum(p.numel() for p in model.parameters()) == 360_896
+    assert sum(p.numel() for p in model.parameters()) == 164_288
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert model.dtype == torch.float32
     assert sum(p.numel() for p in create_tiny_model(QWEN_SPEC).parameters()) == 9_822_656
@@ -72,14 +72,14 @@ def test_saved_model_loads_with_identical_logits(tiny_dir: Path, prompt_ids: lis
 
     config = json.loads((tiny_dir / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"]
-    assert (config["tie_word_embeddings"], config["head_dim"], config["vocab_size"]) == (True, 32, 4096)
+    assert (config["tie_word_embeddings"], config["head_dim"], config["vocab_size"]) == (True, 32, 1024)
     assert (config["bos_token_id"], config["eos_token_id"]) == (0, 2)  # the compact <|endoftext|>, <|im_end|>
     generation = json.loads((tiny_dir / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [2, 0]
     assert generation["pad_token_id"] == 0
     assert "temperature" not in generation  # vLLM would adopt sampling defaults silently
     tokenizer = load_tokenizer(tiny_dir)
-    assert len(tokenizer) == 4096
+    assert len(tokenizer) == 1024
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 2)
 
 
@@ -107,7 +107,7 @@ def replace_tiny(spec: TinyModelSpec) -> ModelPreset:
 
 
 def test_logits_width_comes_from_the_preset(tmp_path: Path) -> None:
-    assert logits_width(load_preset("tiny")) == 4096
+    assert logits_width(load_preset("tiny")) == 1024
     assert logits_width(replace_tiny(QWEN_SPEC)) == 151936
     local = tmp_path / "checkpoint"
     local.mkdir()
@@ -122,6 +122,21 @@ def test_build_is_deterministic(tmp_path: Path) -> None:
     assert _sha256(first / "model.safetensors") == _sha256(second / "model.safetensors")
     other_seed = build_tiny_model(TinyModelSpec(seed=1), tmp_path / "c")
     assert _sha256(other_seed / "model.safetensors") != _sha256(first / "model.safetensors")
+
+
+def test_the_tied_head_can_express_a_confident_policy(prompt_ids: list[int]) -> None:
+    """The frozen tied head bounds every logit by |final hidden| x |embedding row|; at transformers' init
+    (std 0.02) that is +-1.3 for `tiny`, too little for any LoRA to make one of ten orders likely. Rows of
+    norm about 1 give logits a std of about 1 over the vocabulary and a bound of +-8 (the hidden norm)."""
+    model = create_tiny_model(TinyModelSpec())
+    rows = model.model.embed_tokens.weight.detach().norm(dim=1)
+    assert 0.8 < float(rows.mean()) < 1.2
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids])).logits[0]
+    assert float(logits.std(dim=-1).mean()) > 0.5
+    # Confidence reachable by moving the last hidden state alone: aligned with one row, that token's logit
+    # is |h| |row| = sqrt(hidden) |row|, far above a typical other logit.
+    assert 8.0 * float(rows.min()) > 4.0
 
 
 def test_building_does_not_disturb_the_callers_rng() -> None:

@@ -67,10 +67,10 @@ def _check_records(records: list[TrainingRecord]) -> None:
 
 
 def test_fork_turns_train_only_the_forked_decision() -> None:
-    out = _run(_episode("fork"), _match(11))
+    out = _run(_episode("fork"), _match(0))
     [group] = out.groups
     assert len(group.records) == 3 and group.power == "FRANCE" and group.hero
-    assert {r.phase for r in group.records} == {group.phase} and group.group_id == f"t11/{group.phase}/FRANCE"
+    assert {r.phase for r in group.records} == {group.phase} and group.group_id == f"t0/{group.phase}/FRANCE"
     _check_records(group.records)
 
 
@@ -156,10 +156,11 @@ def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
 
 
 def _forked_kind(share: float) -> str:
-    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 8) ends at an
-    adjustment where France builds: found by search, fixed by the seeds."""
+    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 255) ends at an
+    adjustment where France builds: found by search, fixed by the seeds (and the tokenizer, through the
+    uniform client's draws)."""
     episode = _episode("fork", group_size=2, warmup_min_phases=7, warmup_max_phases=7, adjustment_fork_share=share)
-    [group] = _run(episode, _match(8)).groups
+    [group] = _run(episode, _match(255)).groups
     return f"{group.phase[-1]} {PowerOrders.from_dict(group.records[0].legal).kind.value}"
 
 
