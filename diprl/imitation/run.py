@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,8 @@ def run(config: ImitateConfig, cache: Path | None = None) -> dict[str, Any]:
     data, data_dir, generated = teacher_data(config, cache)
     timings["data_s"] = time.perf_counter() - start
 
+    if config.lr_decay and not config.learner.lr_decay_steps:
+        config = replace(config, learner=replace(config.learner, lr_decay_steps=config.expected_steps(len(data.train))))
     learner = make_learner(config, run_dir)
     start = time.perf_counter()
     before = evaluate_agreement(learner.peft, data.heldout, learner.table, learner.pad_id, config.eval_batch_size)

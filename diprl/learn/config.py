@@ -28,6 +28,10 @@ class LearnerConfig:
     model: str = "tiny"  # model preset (conf/model/<name>.yaml); LoRA shape comes from the preset
     init_adapter: str | None = None  # warm start: "<policy>@v<N>" in the adapter store, or a PEFT directory
     lr: float = 1e-4
+    # > 0: the lr falls linearly from `lr` to 0 over this many optimiser steps, then stays at 0 (imitation
+    # sets its run's length: a constant lr's last steps leave the adapter where the noise of one batch put
+    # it). 0 keeps it constant, as an RL run of unknown length does.
+    lr_decay_steps: int = 0
     weight_decay: float = 0.0  # LoRA weights start at B = 0; decay would pull them back to the base
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -87,6 +91,7 @@ class LearnerConfig:
 
         need(bool(self.policy), "policy must be a non-empty name")
         need(self.lr > 0, f"lr must be positive, got {self.lr}")
+        need(self.lr_decay_steps >= 0, f"lr_decay_steps must be >= 0 (0: constant), got {self.lr_decay_steps}")
         need(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
         need(0 <= self.adam_beta1 < 1, f"adam_beta1 must be in [0, 1), got {self.adam_beta1}")
         need(0 <= self.adam_beta2 < 1, f"adam_beta2 must be in [0, 1), got {self.adam_beta2}")
@@ -120,6 +125,13 @@ class LearnerConfig:
         need(self.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens must be >= 1, got {self.logprob_chunk_tokens}")
         if problems:
             raise ValueError("invalid learner config: " + "; ".join(problems))
+
+
+def scheduled_lr(config: LearnerConfig, step: int) -> float:
+    """The lr of optimiser step `step + 1` (steps already taken: `step`): `lr`, or its linear decay."""
+    if config.lr_decay_steps <= 0:
+        return config.lr
+    return config.lr * max(0.0, 1.0 - step / config.lr_decay_steps)
 
 
 def register_configs() -> None:

@@ -50,7 +50,7 @@ import torch
 from diprl.inference.adapters import AdapterError, AdapterStore, InvalidAdapterName, parse_policy_ref
 from diprl.learn.batching import BadRecord, MicroBatch, PreparedRecord, micro_batches, prepare_record
 from diprl.learn.checkpoint import Checkpoint, CheckpointDir, Restored
-from diprl.learn.config import LearnerConfig
+from diprl.learn.config import LearnerConfig, scheduled_lr
 from diprl.learn.intake import GroupIntake
 from diprl.learn.loss import LossStats, grpo_loss, nll_loss
 from diprl.learn.model import (
@@ -67,7 +67,7 @@ from diprl.learn.model import (
 )
 from diprl.learn.ranks import Collective, RankSpec, split_by_tokens
 from diprl.learn.state_files import read_state, state_paths, write_state
-from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
+from diprl.learn.train_state import base_optimizer, engine_state, restore_engine_state, restore_rng_state, rng_state
 from diprl.learn.versions import VersionBook
 from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
@@ -612,6 +612,14 @@ class Learner:
             for j, (s, e) in zip(idx, mb.record_slices, strict=True):
                 records[j].logp_old = logp[s:e].tolist()
 
+    def _set_lr(self) -> float:
+        """Put this step's lr (`learner.lr_decay_steps`) into the optimiser; a function of the step alone, so a
+        resumed learner continues the schedule from its checkpointed step with nothing else saved."""
+        lr = scheduled_lr(self.config, self.step)
+        for group in base_optimizer(self.engine).param_groups:
+            group["lr"] = lr
+        return lr
+
     def _later_epochs(self, screened: Screened, mine: list[int]) -> tuple[int, _Passes | None]:
         """Epochs 2..`epochs` of a GRPO step on the same records (`mine`, less what the first pass
         quarantined): their ratios are against the fixed `logp_old`, so the clip bounds the step. A later
@@ -656,6 +664,7 @@ class Learner:
         t1 = time.perf_counter()
         passes = self._forward_backward(screened, mine, rl)
         t2 = time.perf_counter()
+        lr = self._set_lr()
         self.engine.step()
         grad_norm = self.engine.get_global_grad_norm()
         self._record_quarantine(passes.blamed)
@@ -687,7 +696,7 @@ class Learner:
             "loss": passes.loss,
             **passes.stats.summary(),
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "lr": cfg.lr,
+            "lr": lr,
             "records": len(trained),
             "tokens": trained_tokens,
             "padded_tokens": passes.padded_tokens,

@@ -21,7 +21,7 @@ import torch
 from diprl.atomic_io import sha256_file
 from diprl.inference.adapters import AdapterStore
 from diprl.learn.batching import collate
-from diprl.learn.config import LearnerConfig
+from diprl.learn.config import LearnerConfig, scheduled_lr
 from diprl.learn.learner import Learner
 from diprl.learn.loss import grpo_loss
 from diprl.learn.model import (
@@ -173,6 +173,25 @@ def test_behaviour_cloning_raises_the_likelihood_of_the_teacher_completion(tmp_p
     assert sum(fresh.score(teacher)[0]) > before + 0.1
     with pytest.raises(ValueError, match="objective"):
         fresh.train_records(teacher, objective="ppo")
+    fresh.engine.destroy()
+
+
+def test_the_lr_decays_linearly_to_zero_over_lr_decay_steps(tmp_path: Path, tokenizer: Any) -> None:
+    """Each step's lr reaches the optimiser: 2e-2, then two thirds and one third of it, then 0, which leaves
+    the weights where they were."""
+    assert [scheduled_lr(LearnerConfig(lr=0.3, lr_decay_steps=3), s) for s in range(5)] == pytest.approx(
+        [0.3, 0.2, 0.1, 0.0, 0.0]
+    )
+    assert scheduled_lr(LearnerConfig(lr=0.3), 10_000) == 0.3
+    config = LearnerConfig(lr=2e-2, lr_decay_steps=3, micro_batch_tokens=1200, checkpoint_every=0)
+    fresh = Learner(config, tmp_path / "run", tmp_path / "adapters")
+    group = make_group(fresh.table, tokenizer, "main@v1", [0.0], power="ENGLAND", seed=6)
+    teacher = [replace(r, behaviour_logprobs=[], advantages=[]) for r in group.records]
+    lrs = [fresh.train_records(teacher, objective="bc").metrics["lr"] for _ in range(3)]
+    assert lrs == pytest.approx([2e-2, 2e-2 * 2 / 3, 2e-2 / 3])
+    before = {k: v.clone() for k, v in lora_state(fresh.peft).items()}
+    assert fresh.train_records(teacher, objective="bc").metrics["lr"] == 0.0
+    assert _tensors_equal(lora_state(fresh.peft), before)
     fresh.engine.destroy()
 
 
