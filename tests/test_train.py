@@ -58,9 +58,10 @@ def test_every_experiment_composes() -> None:
 
 
 def test_the_server_follows_the_model_its_weights_and_its_lora_rank() -> None:
-    """`model=small` trains rank-16 adapters: a server left at local.yaml's rank 8 would refuse every one."""
+    """The server's max LoRA rank follows the model's (tiny 32, small 16): a server left narrower than the
+    model's adapters would refuse every one."""
     tiny, _ = compose_config(["+experiment=smoke"])
-    assert (tiny.inference.model, tiny.inference.max_lora_rank, tiny.model.lora.rank) == ("tiny", 8, 8)
+    assert (tiny.inference.model, tiny.inference.max_lora_rank, tiny.model.lora.rank) == ("tiny", 32, 32)
     small, _ = compose_config(["+experiment=smoke", "model=small"])
     assert (small.inference.model, small.inference.max_lora_rank, small.model.lora.rank) == ("small", 16, 16)
     wider, _ = compose_config(["+experiment=smoke", "model=small", "inference.max_lora_rank=32"])

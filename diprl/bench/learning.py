@@ -130,11 +130,11 @@ def run_variant(
     from diprl.train import run
 
     run_dir = out / variant.name
-    args = training_args(variant, minutes, run_dir, temperature, overrides)
+    warm: list[str] = []
     if variant.warm_start:
         adapter, model = warm_start_adapter(out / "imitation")
-        args += warm_start_overrides(adapter, model)
-    config, resolved = compose_config(args)
+        warm = warm_start_overrides(adapter, model)
+    config, resolved = compose_config(training_args(variant, minutes, run_dir, temperature, [*warm, *overrides]))
     start = time.perf_counter()
     summary = run(config, resolved)
     before_path, after_path = _eval_reports(run_dir)
@@ -156,14 +156,16 @@ def run_variant(
 
 
 WARM_START_RECIPE = (
-    "data.games=480",
+    "data.games=640",
     "data.heldout_games=24",
     "data.max_year=1906",
     "data.heldout_examples=1000",
     "epochs=1",
+    "threads=2",
 )
-"""The imitation the warm start is: one epoch over about 52,000 DumbBot decisions of 456 games (every phase
-kind), the lr decaying to 0, on the default model; about 14 minutes here (docs/imitation.md)."""
+"""The imitation the warm start is: one epoch over about 70,000 DumbBot decisions of 616 games (every phase
+kind), the lr decaying to 0, on the default model, two torch threads; about 12 minutes here with the teacher
+data cached, 3 more to play them (docs/imitation.md)."""
 
 
 def warm_start_adapter(out: Path, overrides: Sequence[str] = WARM_START_RECIPE) -> tuple[str, str]:
@@ -191,10 +193,17 @@ def warm_start_adapter(out: Path, overrides: Sequence[str] = WARM_START_RECIPE) 
     return str(AdapterStore(adapters).resolve(str(report["version"])).path), str(report["model"])
 
 
+WARM_START_LR = 3e-3
+"""RL from the warm start steps at a third of the from-scratch rate (the `random` experiment's 1e-2): Adam's
+first steps move every LoRA weight by about the lr whatever its gradient, and an adapter that already plays
+at twice Random's level has more to lose to such steps than a random one."""
+
+
 def warm_start_overrides(adapter: str, model: str) -> list[str]:
     """Training overrides that start from `adapter`, on the model it was trained on (the composed config
-    serves that model's LoRA rank: `diprl.run.config.typed_config`)."""
-    return [f"learner.init_adapter={adapter}", f"model={model}"]
+    serves that model's LoRA rank: `diprl.run.config.typed_config`), at `WARM_START_LR`; the bench's own
+    overrides come after these and win."""
+    return [f"learner.init_adapter={adapter}", f"model={model}", f"learner.lr={WARM_START_LR}"]
 
 
 def warm_start_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
