@@ -30,9 +30,9 @@ class ImitateConfig:
     epochs: float = 0.0  # > 0: train until this many passes over the training decisions, instead of `steps`
     batch_size: int = 64  # decisions per optimiser step, whole game states (a state is never split)
     max_minutes: float = 0.0  # > 0: stop training after this many minutes (then publish and score)
-    # The lr falls linearly to 0 over the run's expected steps (unless `learner.lr_decay_steps` names
-    # another length): one epoch over 52,000 DumbBot decisions ended at loss 0.40 with a constant lr and
-    # still falling, the last steps' noise left in the published adapter.
+    # The lr falls linearly to 0 over the steps the run will take (`train.planned_steps`; unless
+    # `learner.lr_decay_steps` names another length): one epoch over 52,000 DumbBot decisions ended at
+    # loss 0.40 with a constant lr and still falling, the last steps' noise left in the published adapter.
     lr_decay: bool = True
     out: str = "runs/imitate"  # run directory: the learner's metrics, the report
     adapter_root: str = "runs/adapters"  # the AdapterStore the PolicyServer serves from
@@ -55,12 +55,6 @@ class ImitateConfig:
             problems.append(f"threads must be >= 0, got {self.threads}")
         if problems:
             raise ConfigError("imitation config: " + "; ".join(problems))
-
-    def expected_steps(self, train_examples: int) -> int:
-        """About how many optimiser steps the run takes (for the progress bar)."""
-        if self.epochs > 0:
-            return max(1, round(self.epochs * train_examples / self.batch_size))
-        return self.steps
 
 
 def option_help() -> list[str]:

@@ -21,7 +21,7 @@ from diprl.imitation.config import ImitateConfig
 from diprl.imitation.data import TeacherData
 from diprl.imitation.shards import cached_teacher_data
 from diprl.imitation.teacher import TeacherError, TeacherExample
-from diprl.imitation.train import train_bc
+from diprl.imitation.train import planned_steps, train_bc
 
 REPORT = "imitate_report.json"
 
@@ -76,17 +76,18 @@ def run(config: ImitateConfig, cache: Path | None = None) -> dict[str, Any]:
     data, data_dir, generated = teacher_data(config, cache)
     timings["data_s"] = time.perf_counter() - start
 
+    steps = 0 if config.epochs > 0 else config.steps
+    planned = planned_steps(data.train, config.batch_size, config.learner.seed, steps, config.epochs)
     if config.lr_decay and not config.learner.lr_decay_steps:
-        config = replace(config, learner=replace(config.learner, lr_decay_steps=config.expected_steps(len(data.train))))
+        config = replace(config, learner=replace(config.learner, lr_decay_steps=planned))
     learner = make_learner(config, run_dir)
     start = time.perf_counter()
     before = evaluate_agreement(learner.peft, data.heldout, learner.table, learner.pad_id, config.eval_batch_size)
     timings["eval_before_s"] = time.perf_counter() - start
 
-    steps = 0 if config.epochs > 0 else config.steps
     deadline = time.perf_counter() + config.max_minutes * 60 if config.max_minutes else None
     start = time.perf_counter()
-    with progress_bar(config.expected_steps(len(data.train)), "bc steps", bar_enabled(config.quiet)) as bar:
+    with progress_bar(planned, "bc steps", bar_enabled(config.quiet)) as bar:
 
         def on_step(metrics: dict[str, Any]) -> bool:
             bar.update(1)

@@ -54,6 +54,31 @@ def state_batches(groups: Sequence[Sequence[int]], batch_size: int, seed: int) -
             batch.extend(groups[g])
 
 
+def planned_batches(
+    examples: Sequence[TeacherExample], batch_size: int, seed: int, steps: int = 0, epochs: float = 0.0
+) -> Iterator[list[int]]:
+    """The batches (indices into `examples`) of `steps` steps or of `epochs` passes over `examples`
+    (exactly one is set; `epochs` counts records, since batches of whole states vary in size)."""
+    if (steps > 0) == (epochs > 0):
+        raise ValueError(f"set exactly one of steps and epochs, got steps={steps} epochs={epochs}")
+    target = epochs * len(examples)
+    batches = state_batches(state_groups(examples), batch_size, seed)
+    taken = sent = 0
+    while (steps and taken < steps) or (epochs and sent < target):
+        batch = next(batches)
+        taken, sent = taken + 1, sent + len(batch)
+        yield batch
+
+
+def planned_steps(
+    examples: Sequence[TeacherExample], batch_size: int, seed: int, steps: int = 0, epochs: float = 0.0
+) -> int:
+    """How many optimiser steps `train_bc` takes with these arguments unless stopped early: the length a
+    decaying lr must be planned over (an estimate from `batch_size` alone would be short by the room
+    whole states leave in their batches, and the last steps would train at lr 0)."""
+    return sum(1 for _ in planned_batches(examples, batch_size, seed, steps, epochs))
+
+
 def train_bc(
     trainer: RecordTrainer,
     examples: Sequence[TeacherExample],
@@ -63,20 +88,11 @@ def train_bc(
     epochs: float = 0.0,
     on_step: Callable[[dict[str, Any]], bool | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Optimiser steps on batches of whole states until `steps` steps or `epochs` passes over `examples`
-    (whichever is set; `epochs` counts records, since batches of whole states vary in size).
-    `on_step` returning True stops early."""
-    if (steps > 0) == (epochs > 0):
-        raise ValueError(f"set exactly one of steps and epochs, got steps={steps} epochs={epochs}")
-    target = epochs * len(examples)
+    """Optimiser steps on the `planned_batches`; `on_step` returning True stops early."""
     history: list[dict[str, Any]] = []
-    batches = state_batches(state_groups(examples), batch_size, seed)
-    sent = 0
-    while (steps and len(history) < steps) or (epochs and sent < target):
-        batch = next(batches)
+    for batch in planned_batches(examples, batch_size, seed, steps, epochs):
         records = [examples[i].to_training_record() for i in batch]
         metrics = trainer.train_records(records, objective="bc").record()
-        sent += len(batch)
         history.append(metrics)
         if on_step is not None and on_step(metrics):
             break

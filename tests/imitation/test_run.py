@@ -3,6 +3,7 @@ learner that raises agreement, and the run end to end."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from itertools import islice
 from pathlib import Path
@@ -12,12 +13,12 @@ import pytest
 
 from diprl.imitation.__main__ import main
 from diprl.imitation.agreement import evaluate_agreement
-from diprl.imitation.config import ConfigError, ImitateConfig, load_imitate_config
+from diprl.imitation.config import ConfigError, load_imitate_config
 from diprl.imitation.data import TeacherData
 from diprl.imitation.decode import greedy_completions
 from diprl.imitation.run import make_learner
 from diprl.imitation.shards import read_shards
-from diprl.imitation.train import state_batches, state_groups, train_bc
+from diprl.imitation.train import planned_steps, state_batches, state_groups, train_bc
 from diprl.inference.adapters import AdapterStore
 from diprl.messages import StepReport, TrainingRecord
 
@@ -62,7 +63,9 @@ def test_epochs_count_records_not_steps(data: TeacherData) -> None:
     assert len(stop) == 1
     with pytest.raises(ValueError, match="exactly one of steps and epochs"):
         train_bc(Counting(), data.train, batch_size=20, seed=0, steps=3, epochs=1.0)
-    assert ImitateConfig(epochs=2.0, batch_size=64).expected_steps(1000) == 31
+    # the plan a decaying lr is laid over is the steps actually taken, not records / batch_size
+    assert planned_steps(data.train, 20, 0, epochs=1.0) == len(history) > len(data.train) / 20
+    assert planned_steps(data.train, 20, 0, steps=3) == 3
 
 
 def test_batches_hold_whole_states_and_every_decision_once_per_epoch(data: TeacherData) -> None:
@@ -148,6 +151,10 @@ def test_imitation_end_to_end_through_the_learner(tmp_path: Path, capsys: pytest
     assert report["after"]["incomplete"] == 0 and report["after"]["decisions"] == 4
     assert len(read_shards(report["data_dir"]).train) == report["train_examples"]
     assert (tmp_path / "run" / "imitate_report.json").is_file()
-    again = run(load_imitate_config([*args, "steps=1"]), cache=tmp_path / "cache")
+    again = run(load_imitate_config([*args, "epochs=1"]), cache=tmp_path / "cache")
     assert not again["data_generated"] and again["data_dir"] == report["data_dir"]
     assert again["version"] == "main@v4"
+    # the lr decays over the epoch's steps to 0 and reaches it only after the last one
+    lrs = [json.loads(line)["lr"] for line in Path(again["learner_metrics"]).read_text().splitlines()]
+    lrs = lrs[-again["steps"] :]
+    assert again["steps"] > 2 and lrs == sorted(lrs, reverse=True) and lrs[-1] > 0
