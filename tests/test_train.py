@@ -58,12 +58,14 @@ def test_every_experiment_composes() -> None:
 
 
 def test_the_server_follows_the_model_its_weights_and_its_lora_rank() -> None:
-    """The server's max LoRA rank follows the model's (tiny 32, small 16): a server left narrower than the
+    """The server's max LoRA rank follows the model's (tiny 8, small 16): a server left narrower than the
     model's adapters would refuse every one."""
     tiny, _ = compose_config(["+experiment=smoke"])
-    assert (tiny.inference.model, tiny.inference.max_lora_rank, tiny.model.lora.rank) == ("tiny", 32, 32)
+    assert (tiny.inference.model, tiny.inference.max_lora_rank, tiny.model.lora.rank) == ("tiny", 8, 8)
     small, _ = compose_config(["+experiment=smoke", "model=small"])
     assert (small.inference.model, small.inference.max_lora_rank, small.model.lora.rank) == ("small", 16, 16)
+    wide, _ = compose_config(["+experiment=smoke", "model=tiny_wide"])  # RL from the imitation warm start
+    assert (wide.inference.model, wide.inference.max_lora_rank, wide.model.lora.rank) == ("tiny_wide", 32, 32)
     wider, _ = compose_config(["+experiment=smoke", "model=small", "inference.max_lora_rank=32"])
     assert wider.inference.max_lora_rank == 32  # a wider setting stays: it serves other adapters too
     assert rank_to_serve(8, 12) == 16

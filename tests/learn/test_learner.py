@@ -358,7 +358,7 @@ def test_default_yaml_matches_the_dataclass() -> None:
     from diprl.learn.config import load_learner_config
 
     assert load_learner_config("default") == LearnerConfig()
-    assert load_preset("tiny").lora.rank == 32
+    assert load_preset("tiny").lora.rank == 8
 
 
 # ---- bad records, bad steps, full disks: the step goes on -------------------------------------------

@@ -185,12 +185,15 @@ def test_yaml_presets_load_and_match_builtins(name: str) -> None:
 def test_preset_values() -> None:
     tiny, q8, q14 = (load_preset(n) for n in ("tiny", "qwen3_8b", "qwen3_14b"))
     assert tiny.source is ModelSource.tiny and tiny.dtype == "float32" and tiny.tiny == TinyModelSpec()
-    assert (tiny.lora.rank, tiny.lora.alpha, tiny.lora.target_modules) == (32, 64, ALL_LINEAR)
+    assert (tiny.lora.rank, tiny.lora.alpha, tiny.lora.target_modules) == (8, 16, ALL_LINEAR)
     for preset, hub_id in ((q8, "Qwen/Qwen3-8B"), (q14, "Qwen/Qwen3-14B")):
         assert preset.source is ModelSource.hub_or_path and preset.path == hub_id and preset.dtype == "bfloat16"
         assert (preset.lora.rank, preset.lora.alpha) == (16, 32)
         assert preset.lora.target_modules == ALL_LINEAR
-    assert known_presets() == ["qwen3_14b", "qwen3_8b", "small", "tiny", "tiny_qwen"]
+    assert known_presets() == ["qwen3_14b", "qwen3_8b", "small", "tiny", "tiny_qwen", "tiny_wide"]
+    wide = load_preset("tiny_wide")  # the imitation warm start's: tiny's body and files, rank-32 adapters
+    assert (wide.tiny, wide.lora.rank, wide.lora.alpha) == (tiny.tiny, 32, 64)
+    assert resolve_model_path(wide) == resolve_model_path(tiny)
 
 
 def test_hydra_composes_the_same_presets() -> None:
@@ -219,7 +222,7 @@ def _write_preset(conf_dir: Path, name: str, text: str) -> None:
 
 def test_bad_yaml_key_and_type_are_clear_errors(tmp_path: Path) -> None:
     good = (CONF_DIR / "model" / "tiny.yaml").read_text()
-    _write_preset(tmp_path, "typo", good.replace("  rank: 32", "  rnak: 32"))
+    _write_preset(tmp_path, "typo", good.replace("  rank: 8", "  rnak: 8"))
     with pytest.raises(ValueError, match=r"(?s)typo\.yaml.*rnak"):
         load_preset("typo", tmp_path)
     _write_preset(tmp_path, "wrong_type", good.replace("max_model_len: 4096", "max_model_len: lots"))
