@@ -104,7 +104,13 @@ def test_learning_benchmark_evaluates_greedily_unless_told_otherwise(tmp_path: P
 def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Path) -> None:
     """RL from the imitation adapter starts at WARM_START_LR, on the imitation's model; a rate on the bench's
     command line still wins."""
-    from diprl.bench.learning import VARIANTS, WARM_START_LR, training_args, warm_start_overrides
+    from diprl.bench.learning import (
+        VARIANTS,
+        WARM_START_LR,
+        WARM_START_WARMUP_MAX_PHASES,
+        training_args,
+        warm_start_overrides,
+    )
     from diprl.run.config import compose_config
 
     warm = next(v for v in VARIANTS if v.warm_start)
@@ -113,6 +119,7 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
         training_args(warm, 1.0, tmp_path / "run", overrides=warm_start_overrides(adapter, "tiny"))
     )
     assert (config.learner.lr, config.learner.init_adapter, config.model.name) == (WARM_START_LR, adapter, "tiny")
+    assert config.rollout.episode.warmup_max_phases == WARM_START_WARMUP_MAX_PHASES > 4  # later years too
     assert compose_config(training_args(warm, 1.0, tmp_path / "run"))[0].learner.lr > WARM_START_LR
     told = [*warm_start_overrides(adapter, "tiny"), "learner.lr=0.0005"]
     assert compose_config(training_args(warm, 1.0, tmp_path / "run", overrides=told))[0].learner.lr == 0.0005
