@@ -65,7 +65,11 @@ def test_two_workers_produce_well_formed_groups_with_stratified_heroes(
     reports = runner.run(matches)
     groups = runner.drain()
     delivered = [gid for r in reports for gid in r.groups]
-    assert sorted(g.group_id for g in groups) == sorted(delivered) and len(delivered) >= 5
+    assert sorted(g.group_id for g in groups) == sorted(delivered) and delivered
+    # every match's hero seat is accounted for: a group delivered, or forks that all scored the same (random
+    # orders tie a group of 3 forks in 1901-1902 about 4 times in 10, so how many are delivered is chance)
+    tied = sum(r.skipped_zero_variance for r in reports)
+    assert len(delivered) + tied == len(matches) and not any(r.undelivered for r in reports)
     assert len({g.group_id for g in groups}) == len(groups)
     assert len({r.worker_pid for r in reports}) == 2
     for group in groups:
