@@ -251,7 +251,8 @@ def test_a_run_directory_in_use_is_locked_against_a_second_train(tmp_path: Path)
 
 
 def _learner_steps(run_dir: Path, name: str = "metrics.jsonl") -> list[int]:
-    return [r["step"] for r in read_metrics(run_dir / name) if r["kind"] == "learner" and r["policy"] == "main"]
+    records = read_metrics(run_dir / name)  # trained steps (a restarted learner may log its publish, trained 0)
+    return [r["step"] for r in records if r["kind"] == "learner" and r["policy"] == "main" and r.get("trained", 1)]
 
 
 def _start_train(args: list[str], out: Path) -> subprocess.Popen[bytes]:
