@@ -205,7 +205,9 @@ WARM_START_WARMUP_MAX_PHASES = 16
 the first four as from scratch (`conf/experiment/random.yaml`). Forked early only, 30 minutes took the
 warm start from 8.75 centres to 7.50 [-1.84, -0.62]: by 1902 it already held 5.3 centres (from-scratch
 RL ends near 5.0 there), so the early decisions had little left to teach, while the later years, never
-trained, lost what imitation had taught them (1904: 7.39 centres before, 6.68 after)."""
+trained, lost what imitation had taught them (1904: 7.39 centres before, 6.68 after). Forked over 16 phases
+it still lost, less: 8.75 -> 7.80 [-1.43, -0.48] in 30 minutes (README, "Does it learn?": the gain from
+the warm start is the goal not met yet)."""
 
 
 def warm_start_overrides(adapter: str, model: str) -> list[str]:
