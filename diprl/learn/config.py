@@ -47,7 +47,9 @@ class LearnerConfig:
     clip_high: float = 0.28  # PPO ratio ceiling 1 + clip_high (clip-higher: room for rare good tokens to rise)
     tis_cap: float = 2.0  # truncated importance weight cap on trainer-vs-engine drift
     entropy_coef: float = 0.0
-    kl_coef: float = 0.0  # k3 KL to the EMA of the LoRA weights; 0 skips the reference forward pass
+    kl_coef: float = 0.0  # k2 KL penalty to the reference weights (below); 0 skips the reference forward pass
+    # The KL reference: an EMA of the LoRA weights with this decay, which follows the policy's drift. 1.0 keeps
+    # the weights the learner started from (`init_adapter`'s, or a reset's fresh LoRA): RL anchored to a warm start.
     ema_decay: float = 0.99
     max_grad_norm: float = 1.0  # 0 disables clipping
     max_policy_lag: int = 4  # groups from versions more than this behind the current one are dropped
@@ -105,7 +107,7 @@ class LearnerConfig:
         need(self.tis_cap >= 1, f"tis_cap must be >= 1 (1 would down-weight every drifted token), got {self.tis_cap}")
         need(self.entropy_coef >= 0, f"entropy_coef must be >= 0, got {self.entropy_coef}")
         need(self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}")
-        need(0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        need(0 <= self.ema_decay <= 1, f"ema_decay must be in [0, 1], got {self.ema_decay}")
         need(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
         need(self.max_policy_lag >= 0, f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
         need(self.publish_every >= 1, f"publish_every must be >= 1, got {self.publish_every}")

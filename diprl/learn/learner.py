@@ -14,7 +14,8 @@ One `train_step(groups)` is one optimiser step:
    sampled a record, the trainer's logprobs under that version's weights (`logp_old`, from an
    in-memory snapshot or the AdapterStore) so the PPO ratio sees policy change and the truncated
    importance weight sees only engine drift (see `diprl.learn.loss`); with `kl_coef` > 0, the
-   logprobs under the EMA of the LoRA weights (the KL reference).
+   logprobs under the KL reference (an EMA of the LoRA weights, or with `ema_decay` 1 the weights the
+   learner started from).
 4. **Forward/backward** over micro-batches packed by a token budget, gradients accumulated, the loss
    normalised by the step's total completion tokens. A micro-batch whose loss is not finite is
    taken apart per record: records whose own loss is not finite are quarantined and the micro-batch
@@ -963,6 +964,8 @@ class Learner:
     @torch.no_grad()
     def _update_ema(self) -> None:
         decay = self.config.ema_decay
+        if decay == 1.0:  # a fixed reference: the weights the learner started from
+            return
         for name, value in lora_state(self.peft).items():
             self.ema[name].mul_(decay).add_(value, alpha=1.0 - decay)
 

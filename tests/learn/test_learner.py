@@ -521,3 +521,37 @@ def test_prune_versions_keeps_the_leagues_the_trainable_and_the_newest(shared: L
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_ema_decay_one_keeps_the_warm_start_as_the_kl_reference_across_steps_and_a_resume(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """`ema_decay: 1.0` anchors RL to where it started: the reference stays the init adapter's weights while
+    the policy moves away from them (kl > 0), and a resumed learner gets that reference back, not its own
+    restored weights or a fresh LoRA."""
+    warm = Learner(LearnerConfig(lr=2e-2, checkpoint_every=0), tmp_path / "warm", tmp_path / "warm_adapters")
+    warm.train_step([make_group(warm.table, tokenizer, "main@v1", [1.0, -1.0, 0.3], seed=3)])
+    start = {k: v.float().clone() for k, v in lora_state(warm.peft).items()}
+    init_dir = AdapterStore(tmp_path / "warm_adapters").resolve("main@v2").path
+    warm.engine.destroy()
+    assert any(float(t.abs().max()) > 0 for n, t in start.items() if "lora_B" in n)  # a trained adapter
+
+    def same(state: dict[str, torch.Tensor]) -> bool:
+        return state.keys() == start.keys() and all(torch.equal(state[k].float(), start[k]) for k in start)
+
+    config = LearnerConfig(
+        lr=2e-2, micro_batch_tokens=1200, kl_coef=0.1, ema_decay=1.0, init_adapter=str(init_dir), checkpoint_every=1
+    )
+    run, adapters = tmp_path / "run", tmp_path / "adapters"
+    a = Learner(config, run, adapters)
+    assert same(lora_state(a.peft)) and same(a.ema)
+    reports = [
+        a.train_step([make_group(a.table, tokenizer, f"main@v{i + 1}", [1.0, -1.0, 0.3], seed=10 + i)])
+        for i in range(2)
+    ]
+    assert same(a.ema) and not same(lora_state(a.peft))
+    assert reports[1].metrics["kl"] > 0
+    a.engine.destroy()
+    b = Learner(config, run, adapters)
+    assert b.step == 2 and same(b.ema) and not same(lora_state(b.peft))
+    b.engine.destroy()
