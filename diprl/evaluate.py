@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diprl.console import quiet_libraries, ray_init_options
 from diprl.eval.config import EvaluateConfig, load_evaluate_config, option_help
@@ -34,6 +34,9 @@ from diprl.eval.report import check_writable
 from diprl.eval.suite import SuiteConfig
 from diprl.rollout.clients import PolicyClient
 from diprl.structured_config import read_command_line
+
+if TYPE_CHECKING:
+    from diprl.inference.config import ServerConfig
 
 PROG = "python -m diprl.evaluate"
 
@@ -80,26 +83,58 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
         template = replace(suite, play=replace(suite.play, games=games, replays=0), replay_dir=None)
         plan.crossplay = crossplay_configs(config.crossplay, template)
     if plan.llm_refs and not have_client:
-        from diprl.inference.config import load_server_config
-
         try:
-            load_server_config(config.server)
+            server = server_config(config)
         except KeyError as exc:
             raise ValueError(str(exc).strip("'\"")) from None
-        check_published([r for r in plan.llm_refs if r != BASE], config.adapters)
+        adapters = [r for r in plan.llm_refs if r != BASE]
+        check_published(adapters, config.adapters)
+        check_servable(adapters, config, server.max_lora_rank, server.model)
     return plan
+
+
+def server_config(config: EvaluateConfig) -> ServerConfig:
+    """The PolicyServer's config: `config.server`'s file serving `config.served_model` (when given), over
+    `config.adapters`."""
+    from diprl.inference.config import load_server_config, with_preset_lora_rank
+    from diprl.policy.models import known_presets
+
+    server = load_server_config(config.server)
+    if config.served_model:
+        if config.served_model not in known_presets():
+            raise ValueError(
+                f"served_model={config.served_model!r} is not a model preset (conf/model/): {sorted(known_presets())}"
+            )
+        server = with_preset_lora_rank(replace(server, model=config.served_model))
+    return replace(server, adapter_root=str(Path(config.adapters).resolve()))
+
+
+def check_servable(refs: Sequence[str], config: EvaluateConfig, max_rank: int, model: str) -> None:
+    """Every adapter in `refs` fits the server's LoRA slots: checked here, because the server answers a
+    request for one that does not with an error, and a suite whose hero only errs plays holds to the end."""
+    from diprl.inference.adapters import AdapterStore, IncompatibleAdapter
+    from diprl.inference.adapters.files import check_compatible
+
+    store = AdapterStore(config.adapters)
+    for ref in refs:
+        try:
+            check_compatible(store.resolve(ref), max_rank)
+        except IncompatibleAdapter as exc:
+            raise ValueError(
+                f"{exc}: the PolicyServer ({config.server}) serves model {model!r}; pass served_model=<the preset the "
+                "adapter was trained on> (e.g. served_model=tiny_wide for rank 32)"
+            ) from None
 
 
 @contextlib.contextmanager
 def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     """A local Ray (loopback) with the PolicyServer serving `config.adapters`, torn down afterwards."""
-    from diprl.inference.config import load_server_config
     from diprl.inference.server import serving
     from diprl.raysession import ray_session
     from diprl.rollout.clients import ServeClient
 
     quiet_libraries(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
-    server = replace(load_server_config(config.server), adapter_root=str(Path(config.adapters).resolve()))
+    server = server_config(config)
     if config.verbose:
         server = replace(server, log_level="INFO")  # the replicas' vLLM and Serve logs too
     with ray_session(address="local", num_cpus=config.ray_cpus or None, **ray_init_options(config.verbose)):

@@ -101,6 +101,9 @@ class EvaluateConfig(GamesConfig):
     out: str = "runs/eval/latest"
     adapters: str = "runs/adapters"  # the AdapterStore holding <policy>@v<N> (standalone runs)
     server: str = "local"  # conf/inference/<name>.yaml: the PolicyServer started for LLM seats
+    # conf/model/<name>.yaml the PolicyServer serves instead of the server file's (the preset the adapters were
+    # trained on: served_model=tiny_wide for a rank-32 warm start); empty: the server file's own
+    served_model: str = ""
     ray_cpus: int = 0  # CPUs for the local Ray started for LLM seats; 0: Ray's default
     progress: bool = True  # progress bar on stderr, drawn when stderr is a terminal
     verbose: bool = False  # library logs (Ray, vLLM) at INFO instead of WARNING

@@ -108,3 +108,24 @@ def test_the_command_lines_games_keys_reach_every_suite(tmp_path: Path) -> None:
     assert plan.suite.replay_dir == str(tmp_path / "replays")
     # Crossplay pairs play crossplay_games each, the same years and seeds, and write no replays.
     assert [c.play for c in plan.crossplay] == [GamesConfig(games=1, max_year=1903, seed=2, temperature=0.0)] * 2
+
+
+def test_an_adapter_wider_than_the_served_model_fails_before_play_and_model_serves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rank-32 adapter (a `tiny_wide` warm start) against the default server (`tiny`, LoRA slots of rank
+    8) would have every hero request refused and the suite would report a policy playing holds: refused
+    before anything starts, naming `served_model=`. With `served_model=tiny_wide` the server's slots hold it."""
+    from diprl.inference.adapters import AdapterStore
+    from tests.inference.lora_fixtures import make_lora_dir
+
+    adapters = tmp_path / "adapters"
+    AdapterStore(adapters).publish("wide", make_lora_dir(tmp_path, seed=1, rank=32))
+    argv = ["policy=wide@v1", f"adapters={adapters}", f"out={tmp_path / 'out'}"]
+    assert evaluate.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "rank 32 exceeds the server's max LoRA rank 8" in err and "served_model=" in err and "Traceback" not in err
+    plan = evaluate.make_plan(evaluate.load_evaluate_config([*argv, "served_model=tiny_wide"]))
+    assert evaluate.server_config(plan.config).max_lora_rank == 32
+    assert evaluate.main([*argv, "served_model=nothing"]) == 2
+    assert "not a model preset" in capsys.readouterr().err
