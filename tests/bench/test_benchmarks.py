@@ -102,10 +102,11 @@ def test_learning_benchmark_evaluates_greedily_unless_told_otherwise(tmp_path: P
 
 
 def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Path) -> None:
-    """RL from the imitation adapter starts at WARM_START_LR, on the imitation's model; a rate on the bench's
-    command line still wins."""
+    """RL from the imitation adapter starts at WARM_START_LR, on the imitation's model, anchored to it by a KL
+    penalty; a rate on the bench's command line still wins."""
     from diprl.bench.learning import (
         VARIANTS,
+        WARM_START_KL_COEF,
         WARM_START_LR,
         WARM_START_WARMUP_MAX_PHASES,
         training_args,
@@ -120,6 +121,8 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
     )
     assert (config.learner.lr, config.learner.init_adapter, config.model.name) == (WARM_START_LR, adapter, "tiny")
     assert config.rollout.episode.warmup_max_phases == WARM_START_WARMUP_MAX_PHASES > 4  # later years too
+    # anchored to the warm start itself: a fixed KL reference, not an EMA that follows the drift
+    assert (config.learner.kl_coef, config.learner.ema_decay) == (WARM_START_KL_COEF, 1.0) and WARM_START_KL_COEF > 0
     assert compose_config(training_args(warm, 1.0, tmp_path / "run"))[0].learner.lr > WARM_START_LR
     told = [*warm_start_overrides(adapter, "tiny"), "learner.lr=0.0005"]
     assert compose_config(training_args(warm, 1.0, tmp_path / "run", overrides=told))[0].learner.lr == 0.0005
