@@ -10,7 +10,8 @@ in seeded games (see `diprl.eval.suite`). Any PolicyRef may sit anywhere: `bot:<
 `<policy>@v<N>` (published under `adapters=`). When a seat needs the LLM, a local Ray (loopback)
 and the PolicyServer (`server=local`, conf/inference/local.yaml) are started for the run; a
 bots-only run starts nothing. Options are checked before anything starts: an unknown key, a bad
-value or an unknown PolicyRef is an error (exit status 2).
+value or an unknown PolicyRef is an error (exit status 2). A run whose hero got only errors from the
+PolicyServer (its units held all game) keeps its report but exits with status 1.
 
 Writes `report.json` and PNG plots to `out` (replays under `out/replays/` with `replays=N`),
 prints the report, and ends with the line `hero_solo_rate=<x> hero_mean_sc=<y>`. A progress bar
@@ -32,6 +33,7 @@ from diprl.eval.config import EvaluateConfig, load_evaluate_config, option_help
 from diprl.eval.refs import BASE, check_published, is_llm
 from diprl.eval.report import check_writable
 from diprl.eval.suite import SuiteConfig
+from diprl.inference.adapters import IncompatibleAdapter
 from diprl.rollout.clients import PolicyClient
 from diprl.structured_config import read_command_line
 
@@ -88,8 +90,14 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
         except KeyError as exc:
             raise ValueError(str(exc).strip("'\"")) from None
         adapters = [r for r in plan.llm_refs if r != BASE]
-        check_published(adapters, config.adapters)
-        check_servable(adapters, config, server.max_lora_rank, server.model)
+        try:
+            check_published(adapters, config.adapters, server.max_lora_rank)
+        except IncompatibleAdapter as exc:
+            # Checked before play: a suite whose hero only gets errors from the server plays holds to the end.
+            raise ValueError(
+                f"{exc}: the PolicyServer ({config.server}) serves model {server.model!r}; pass served_model=<the "
+                "preset the adapter was trained on> (e.g. served_model=tiny_wide for rank 32)"
+            ) from None
     return plan
 
 
@@ -107,23 +115,6 @@ def server_config(config: EvaluateConfig) -> ServerConfig:
             )
         server = with_preset_lora_rank(replace(server, model=config.served_model))
     return replace(server, adapter_root=str(Path(config.adapters).resolve()))
-
-
-def check_servable(refs: Sequence[str], config: EvaluateConfig, max_rank: int, model: str) -> None:
-    """Every adapter in `refs` fits the server's LoRA slots: checked here, because the server answers a
-    request for one that does not with an error, and a suite whose hero only errs plays holds to the end."""
-    from diprl.inference.adapters import AdapterStore, IncompatibleAdapter
-    from diprl.inference.adapters.files import check_compatible
-
-    store = AdapterStore(config.adapters)
-    for ref in refs:
-        try:
-            check_compatible(store.resolve(ref), max_rank)
-        except IncompatibleAdapter as exc:
-            raise ValueError(
-                f"{exc}: the PolicyServer ({config.server}) serves model {model!r}; pass served_model=<the preset the "
-                "adapter was trained on> (e.g. served_model=tiny_wide for rank 32)"
-            ) from None
 
 
 @contextlib.contextmanager
@@ -179,7 +170,7 @@ def main(argv: Sequence[str] | None = None, client: PolicyClient | None = None) 
     if isinstance(plan, int):
         return plan
     quiet_libraries(plan.config.verbose)
-    from diprl.eval.report import format_suite, summary_line
+    from diprl.eval.report import format_suite, summary_line, unmeasured_hero
 
     report = run(plan, client)
     lines = format_suite(report)
@@ -192,6 +183,10 @@ def main(argv: Sequence[str] | None = None, client: PolicyClient | None = None) 
         lines.append(f"replays (open in a browser): {', '.join(report['replays'])}")
     print("\n".join(lines))
     print(summary_line(report))
+    problem = unmeasured_hero(report)
+    if problem:
+        print(f"error: {problem}; report kept in {plan.config.out}", file=sys.stderr)
+        return 1
     return 0
 
 

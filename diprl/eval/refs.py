@@ -13,6 +13,7 @@ from pathlib import Path
 
 from diprl.bots import BOT_NAMES
 from diprl.inference.adapters import AdapterError, AdapterStore
+from diprl.inference.adapters.files import check_compatible
 from diprl.messages import BASE, REF_FORMS, PolicyRef, UnknownPolicyRef
 
 __all__ = ["BASE", "UnknownPolicyRef", "check_policy_ref", "check_published", "is_llm"]
@@ -32,13 +33,17 @@ def is_llm(ref: str) -> bool:
     return PolicyRef.parse(ref).is_llm
 
 
-def check_published(refs: Iterable[str], adapter_root: str | Path) -> None:
-    """Every adapter version in `refs` exists (and verifies) in the AdapterStore at `adapter_root`."""
+def check_published(refs: Iterable[str], adapter_root: str | Path, max_lora_rank: int | None = None) -> None:
+    """Every adapter version in `refs` exists (and verifies) in the AdapterStore at `adapter_root`
+    (`UnknownPolicyRef` if not) and, given the server's `max_lora_rank`, fits its LoRA slots
+    (`IncompatibleAdapter` if not: the server would answer every request for it with an error)."""
     store = AdapterStore(adapter_root)
     for ref in refs:
         if not PolicyRef.parse(ref).is_adapter:
             continue
         try:
-            store.resolve(ref)
+            version = store.resolve(ref)
         except AdapterError as exc:
             raise UnknownPolicyRef(f"{ref!r} is not a published adapter under {adapter_root}: {exc}") from None
+        if max_lora_rank is not None:
+            check_compatible(version, max_lora_rank)

@@ -87,6 +87,19 @@ def summary_line(report: dict[str, Any]) -> str:
     return f"hero_solo_rate={report['hero_solo_rate']:.3f} hero_mean_sc={report['hero_mean_sc']:.2f}"
 
 
+def unmeasured_hero(report: dict[str, Any]) -> str | None:
+    """Why `report` measures no policy, or None: the hero asked the PolicyServer and every answer was an
+    error (a crashed replica, an adapter it cannot load), so its units held all game and its score is
+    that of holding."""
+    llm = report["llm"]
+    if llm["hero_requests"] and llm["hero_errors"] == llm["hero_requests"]:
+        return (
+            f"all {llm['hero_requests']} of the hero's LLM requests failed: its units held all game, so "
+            "hero_mean_sc measures holding, not the policy (the PolicyServer's log says why)"
+        )
+    return None
+
+
 def check_writable(path: Path) -> Path:
     """Fail now, with the reason, if a report cannot be written to `path` later.
 

@@ -152,6 +152,10 @@ class PlayedGame(HeroGame):
     llm: dict[str, int]  # requests, errors, incomplete: over the hero's seat ("hero_*") and all seats
 
 
+LLM_COUNTS = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
+"""What a game (and a suite, summed) counts of its LLM answers: all seats, and the hero's seat alone."""
+
+
 def game_specs(config: SuiteConfig, suite: int = 0) -> list[GameSpec]:
     """The suite's games: hero on power `i % 7`, opponents round-robin, seeds from `seed` and `i`."""
     specs = []
@@ -196,7 +200,6 @@ class _Measure:
         spec = self.spec
         record = game_record(game, self.phases, self.issues)
         behaviour: BehaviourCounts = self.tracker.finish(game)
-        llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
         return PlayedGame(
             index=spec.index,
             seed=spec.seed,
@@ -207,7 +210,7 @@ class _Measure:
             hero_centres_by_year=[*self.by_year, record.score.centres[spec.hero]],
             issues=dict(record.issues),
             behaviour=behaviour.to_dict(),
-            llm={k: self.llm[k] for k in llm_keys},
+            llm={k: self.llm[k] for k in LLM_COUNTS},
         )
 
 
@@ -416,7 +419,6 @@ def summarize_suite(config: SuiteConfig, games: Sequence[PlayedGame], wall_secon
             "categories": {c.value: sum(g.category == c.value for g in mine) for c in CATEGORIES},
         }
     centres = mean_summary([float(g.hero_centres) for g in games])
-    llm_keys = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
     return {
         "config": asdict(config),
         "label": config.label,
@@ -434,7 +436,7 @@ def summarize_suite(config: SuiteConfig, games: Sequence[PlayedGame], wall_secon
             "total": sum(sum(g.issues.values()) for g in games),
             "hero": sum(g.issues[g.hero_power] for g in games),
         },
-        "llm": {k: sum(g.llm[k] for g in games) for k in llm_keys},
+        "llm": {k: sum(g.llm[k] for g in games) for k in LLM_COUNTS},
         "any_solo": rate_summary(sum(g.solo_winner is not None for g in games), n),
         "mean_phases": sum(g.phases for g in games) / n,
         "mean_final_year": sum(g.final_year for g in games) / n,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from diprl import evaluate
+from diprl.messages import Generation, GenerationRequest
 
 from .conftest import RecordingClient
 
@@ -46,6 +48,30 @@ def test_llm_seats_use_the_given_client(tmp_path: Path, capsys: pytest.CaptureFi
     assert report["llm"]["hero_requests"] == report["llm"]["requests"] == sum(len(c) for c in client.calls) > 0
     assert all(len(c) == 2 for c in client.calls[:1])  # both games' heroes in the first batch
     assert LAST_LINE.match(capsys.readouterr().out.splitlines()[-1])
+
+
+class FailingClient:
+    """A PolicyServer that answers every request with an error, as a crashed replica does."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        self.requests += len(requests)
+        return [Generation(policy=r.policy, error="replica died") for r in requests]
+
+
+def test_a_hero_whose_every_request_failed_keeps_its_report_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = FailingClient()
+    argv = ["policy=base", "opponents=bot:random", "games=2", "max_year=1901", f"out={tmp_path}", "progress=false"]
+    assert evaluate.main(argv, client=client) == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["llm"]["hero_errors"] == report["llm"]["hero_requests"] == client.requests > 0
+    captured = capsys.readouterr()
+    assert LAST_LINE.match(captured.out.splitlines()[-1])  # the score is printed, and flagged
+    assert f"all {client.requests} of the hero's LLM requests failed" in captured.err
 
 
 @pytest.mark.parametrize(
