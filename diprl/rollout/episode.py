@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from diprl.game.scoring import ranks
 from diprl.messages import Match, MatchResult, TrainingRecord, TrajectoryGroup, group_id
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.credit import CreditAssigner
-from diprl.rollout.lockstep import PhaseOutcome, SeedFn, Table, Turn, request_seed
+from diprl.rollout.lockstep import PhaseOutcome, SeedFn, Table, TemperatureFn, Turn, request_seed
 from diprl.rollout.rewards import Rubric, RubricScore
 from diprl.rollout.start_states import StartStates
 
@@ -48,6 +48,12 @@ class EpisodeConfig:
     horizon_years: int = 1
     max_year: int = 1935
     temperature: float = 1.0
+    # The temperature of every LLM decision that is not trained: the warmup, the forked phase's other LLM
+    # seats, and each fork's turns after the forked decision (None: `temperature`). At 0 they are played
+    # greedily: a group then compares its sampled decisions each followed by the greedy policy, on states
+    # the greedy policy reaches, which is what a greedy evaluation measures; and the hero's own later
+    # draws no longer add noise to the group's returns. Trained decisions always sample at `temperature`.
+    untrained_temperature: float | None = None
     max_tokens: int = 384
     trace_fraction: float = 0.1
     max_advance_phases: int = 12  # phases to look for a hero decision to fork after the warmup
@@ -63,6 +69,11 @@ class EpisodeConfig:
     # boards allow, so a group's returns differ by the compared decisions rather than by the dice.
     common_random_numbers: bool = True
 
+    @property
+    def played_temperature(self) -> float:
+        """The temperature of the decisions that are not trained (`untrained_temperature`, else `temperature`)."""
+        return self.temperature if self.untrained_temperature is None else self.untrained_temperature
+
     def __post_init__(self) -> None:
         for name in ("adjustment_fork_share", "trace_fraction"):
             value = getattr(self, name)
@@ -72,6 +83,11 @@ class EpisodeConfig:
             raise ValueError(f"episode.horizon_years must be >= 1, got {self.horizon_years}")
         if self.group_size < 1:
             raise ValueError(f"episode.group_size must be >= 1, got {self.group_size}")
+        if self.untrained_temperature is not None and not 0.0 <= self.untrained_temperature < float("inf"):
+            raise ValueError(
+                "episode.untrained_temperature must be finite and >= 0 (0: greedy) or null, "
+                f"got {self.untrained_temperature}"
+            )
         if not 0 <= self.warmup_min_phases <= self.warmup_max_phases:
             raise ValueError(
                 f"episode.warmup_min_phases ({self.warmup_min_phases}) must be in [0, warmup_max_phases "
@@ -127,7 +143,7 @@ class Episode:
         out = EpisodeOutput()
         game = self._start(rng)
         bots = bots_for(match, rng)
-        table = Table(game, match.seats, bots, cfg.temperature, cfg.max_tokens)
+        table = Table(game, match.seats, bots, cfg.played_temperature, cfg.max_tokens)
         for _ in range(rng.randint(cfg.warmup_min_phases, cfg.warmup_max_phases)):
             if game.is_done:
                 break
@@ -164,10 +180,11 @@ class Episode:
         """The group's G tables on copies of `game`; with common random numbers, each with its own copy of
         the bots (same stream state) and the shared sampling seeds of `fork_seeds`."""
         cfg = self.config
-        seeds = None
-        if cfg.common_random_numbers:
-            compared = (match.hero, *match.train)
-            seeds = fork_seeds(rng.randrange(2**31), game.phase, compared, self.credit.cfg.train_turns == "all")
+        is_compared = compared_decisions(game.phase, (match.hero, *match.train), self.credit.cfg.train_turns == "all")
+        seeds = fork_seeds(rng.randrange(2**31), is_compared) if cfg.common_random_numbers else None
+        temperature_of = None
+        if cfg.untrained_temperature is not None:
+            temperature_of = fork_temperatures(is_compared, cfg.temperature, cfg.untrained_temperature)
         return [
             Table(
                 game.fork(),
@@ -176,6 +193,7 @@ class Episode:
                 cfg.temperature,
                 cfg.max_tokens,
                 seeds,
+                temperature_of,
             )
             for _ in range(cfg.group_size)
         ]
@@ -318,20 +336,40 @@ class Episode:
         )
 
 
-def fork_seeds(noise: int, forked_phase: str, compared: Sequence[str], train_later_turns: bool) -> SeedFn:
+def compared_decisions(
+    forked_phase: str, compared: Sequence[str], train_later_turns: bool
+) -> Callable[[str, str], bool]:
+    """(power, phase) -> whether that decision of a group's forks is one being compared (and trained): the
+    `compared` seats (the hero and the trained seats) at the forked phase, and at every phase when later
+    turns are trained too."""
+    seats = frozenset(compared)
+
+    def is_compared(power: str, phase: str) -> bool:
+        return power in seats and (train_later_turns or phase == forked_phase)
+
+    return is_compared
+
+
+def fork_seeds(noise: int, is_compared: Callable[[str, str], bool]) -> SeedFn:
     """The sampling seed of each LLM decision in a group's forks: shared by all forks (`noise`, power,
-    phase), except for the decisions being compared, which sample freely (None): the `compared` seats
-    (the hero and the trained seats) at the forked phase, and at every phase when later turns are trained
-    too. A seeded answer carries no behaviour log-probabilities (`diprl.policy.sampling`), so a trained
-    turn is never seeded."""
-    free = frozenset(compared)
+    phase), except for the decisions being compared (`compared_decisions`), which sample freely (None). A
+    seeded answer carries no behaviour log-probabilities (`diprl.policy.sampling`), so a trained turn is
+    never seeded."""
 
     def seed(power: str, phase: str) -> int | None:
-        if power in free and (train_later_turns or phase == forked_phase):
-            return None
-        return request_seed(noise, power, phase)
+        return None if is_compared(power, phase) else request_seed(noise, power, phase)
 
     return seed
+
+
+def fork_temperatures(is_compared: Callable[[str, str], bool], compared: float, untrained: float) -> TemperatureFn:
+    """The temperature of each LLM decision in a group's forks: `compared` for the decisions being compared,
+    `untrained` for every other."""
+
+    def temperature(power: str, phase: str) -> float:
+        return compared if is_compared(power, phase) else untrained
+
+    return temperature
 
 
 def bots_for(match: Match, rng: random.Random) -> dict[str, Agent]:

@@ -49,6 +49,11 @@ SeedFn = Callable[[str, str], int | None]
 across a group's forks); None leaves that request's sampling to the engine."""
 
 
+TemperatureFn = Callable[[str, str], float]
+"""(power, phase) -> the sampling temperature of that seat's request, where seats of one table differ (a
+group's forks: the compared decisions at the rollout's temperature, the rest at `untrained_temperature`)."""
+
+
 def request_seed(game_seed: int, power: str, phase: str, stream: int = 0) -> int:
     """The sampling seed of one seat's decision in one game: stable across processes and runs."""
     digest = hashlib.sha256(f"{stream}:{game_seed}:{power}:{phase}".encode()).digest()
@@ -61,7 +66,8 @@ class Table:
 
     `seats` maps every power to its PolicyRef; powers in `bots` are decided by that rule agent, the
     others by the policy client. `sample_seed` (None: sampling left to the engine) seeds each LLM
-    seat's request reproducibly from its power and phase.
+    seat's request reproducibly from its power and phase; `temperature_of` (None: `temperature` for every
+    seat) gives each its temperature.
     """
 
     game: DiplomacyGame
@@ -70,6 +76,7 @@ class Table:
     temperature: float = 1.0
     max_tokens: int = 384
     sample_seed: SeedFn | None = None
+    temperature_of: TemperatureFn | None = None
 
     def request(self, power: str) -> GenerationRequest:
         game = self.game
@@ -77,7 +84,7 @@ class Table:
             policy=self.seats[power],
             prompt=build_prompt(game, power).text,
             legal=game.legal_orders(power).to_dict(),
-            temperature=self.temperature,
+            temperature=self.temperature if self.temperature_of is None else self.temperature_of(power, game.phase),
             max_tokens=self.max_tokens,
             sample_seed=None if self.sample_seed is None else self.sample_seed(power, game.phase),
         )

@@ -244,9 +244,11 @@ class _Recording:
     def __init__(self, inner: UniformConstrainedClient) -> None:
         self.inner = inner
         self.seen: list[tuple[str, str, int | None]] = []
+        self.temperatures: list[tuple[str, str, float]] = []
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         self.seen += [(r.legal["power"], r.legal["phase"], r.sample_seed) for r in requests]
+        self.temperatures += [(r.legal["power"], r.legal["phase"], r.temperature) for r in requests]
         return self.inner.generate(requests)
 
 
@@ -268,3 +270,33 @@ def test_common_random_numbers_never_seed_a_decision_that_is_compared_or_trained
     else:
         assert all(len(seeds) == 1 and None not in seeds for seeds in later.values())
     assert len({tuple(r.completion_ids) for r in group.records}) > 1  # the compared decisions still differ
+
+
+@pytest.mark.parametrize("train_turns", ["fork", "all"])
+def test_untrained_decisions_are_played_at_their_own_temperature_and_trained_ones_sampled(train_turns: str) -> None:
+    """untrained_temperature=0: the warmup, the untrained LLM seat (GERMANY) and the hero's untrained later
+    turns ask for greedy answers; every decision that is compared and trained samples at `temperature`."""
+    client = _Recording(_client())
+    episode = _episode(
+        train_turns, group_size=3, temperature=0.7, untrained_temperature=0.0, warmup_min_phases=2, warmup_max_phases=2
+    )
+    match = replace(_match(1, main_seats=("FRANCE", "GERMANY")), train=("FRANCE",))
+    [group] = _run(episode, match, client).groups
+    phases = [phase for _, phase, _ in client.temperatures]
+    forked_at = phases.index(group.phase)
+    assert phases[:forked_at], "the warmup played LLM decisions"
+    assert all(t == 0.0 for _, _, t in client.temperatures[:forked_at])
+    later_hero = {phase for power, phase, _ in client.temperatures[forked_at:] if power == "FRANCE"} - {group.phase}
+    assert later_hero, "the forks played on past the forked phase"
+    for power, phase, temperature in client.temperatures[forked_at:]:
+        trained = power == "FRANCE" and (phase == group.phase or train_turns == "all")
+        assert temperature == (0.7 if trained else 0.0), (power, phase)
+    assert {r.temperature for r in group.records} == {0.7}
+    trained_phases = {r.phase for r in group.records}
+    assert trained_phases == ({group.phase} if train_turns == "fork" else {group.phase, *later_hero})
+
+    default = _Recording(_client())  # unset: every decision at `temperature`, as before
+    _run(_episode(train_turns, group_size=3, temperature=0.7, warmup_min_phases=2, warmup_max_phases=2), match, default)
+    assert {t for _, _, t in default.temperatures} == {0.7}
+    with pytest.raises(ValueError, match="untrained_temperature"):
+        EpisodeConfig(untrained_temperature=-0.5)
