@@ -41,6 +41,12 @@ class EvalScheduleConfig(GamesConfig):
     opponents: list[str] = field(default_factory=lambda: ["bot:random", "bot:dumbbot"])
     at_start: bool = True
     at_end: bool = True
+    retries: int = 2  # an evaluation whose call failed (a PolicyServer or evaluator restart) runs again this often
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
 
 
 @dataclass

@@ -2,7 +2,9 @@
 and at the end, one at a time, off the training path (the evaluator is another PolicyServer client).
 
 A stopping run starts no new evaluation until its end, where the final version is evaluated on the
-same fixed games: the "after" of a before/after comparison.
+same fixed games: the "after" of a before/after comparison. An evaluation whose call failed (its
+PolicyServer replica or the evaluator restarted under it) is on record as a fault and runs again, up
+to `evaluation.retries` times, before the next one: the step-0 "before" is not lost to a restart.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ class EvalSchedule:
         self.config = config
         self.journal = journal
         self.counters = counters
-        self.running: dict[Any, tuple[str, int]] = {}  # ref -> (version, step)
-        self.waiting: list[tuple[str, int]] = []
+        self.running: dict[Any, tuple[str, int, int]] = {}  # ref -> (version, step, attempt)
+        self.waiting: list[tuple[str, int, int]] = []
         self.next_step: int | None = None
         self.last_version: str | None = None
         self.last: dict[str, float] = {}  # opponents -> hero mean centres of the latest evaluation
@@ -30,36 +32,48 @@ class EvalSchedule:
     def start(self, version: str, step: int) -> None:
         e = self.config
         if e.at_start and self.counters.evaluations == 0:
-            self.waiting.append((version, step))
+            self.waiting.append((version, step, 0))
         self.next_step = (step // e.every_steps + 1) * e.every_steps if e.every_steps else None
 
     def on_step(self, version: str, step: int) -> None:
         if self.next_step is not None and step >= self.next_step:
-            self.waiting.append((version, step))
+            self.waiting.append((version, step, 0))
             self.next_step += self.config.every_steps
 
     def fill(self, stopping: bool) -> None:
         if self.waiting and not self.running and not stopping:
-            version, step = self.waiting.pop(0)
-            self.running[self.evaluator.evaluate.remote(version, f"step{step}")] = (version, step)
+            self._submit(*self.waiting.pop(0))
+
+    def _submit(self, version: str, step: int, attempt: int) -> Any:
+        ref = self.evaluator.evaluate.remote(version, f"step{step}")
+        self.running[ref] = (version, step, attempt)
+        return ref
 
     def refs(self) -> list[Any]:
         return list(self.running)
 
     def protected(self) -> list[str]:
         """Versions being or waiting to be evaluated: pruning must keep them."""
-        return [v for v, _ in [*self.running.values(), *self.waiting]]
+        return [v for v, _, _ in [*self.running.values(), *self.waiting]]
 
     def handle(self, ref: Any) -> None:
+        """Log a finished evaluation; a failed one is a fault, queued again first while retries are left."""
+        version, step, attempt = self.running[ref]
+        if not self._settle(ref) and attempt < self.config.retries:
+            self.waiting.insert(0, (version, step, attempt + 1))
+
+    def _settle(self, ref: Any) -> bool:
+        """Wait for `ref`, log its result or its fault; whether it succeeded."""
         import ray
 
-        version, step = self.running.pop(ref)
+        version, step, attempt = self.running.pop(ref)
         try:
             result = ray.get(ref)
         except Exception as exc:
-            self.journal.fault({"evaluation": version, "error": repr(exc)[:500]})
-            return
+            self.journal.fault({"evaluation": version, "step": step, "attempt": attempt, "error": repr(exc)[:500]})
+            return False
         self.record(result, version, step)
+        return True
 
     def record(self, result: EvaluationResult, version: str, step: int) -> None:
         """Count one finished evaluation and log one `eval` line per opponent (the report stays on disk)."""
@@ -84,7 +98,8 @@ class EvalSchedule:
 
     def final(self, version: str, step: int) -> None:
         """Evaluate the final version now (waiting for it), unless it already was."""
-        if self.config.at_end and self.last_version != version:
-            ref = self.evaluator.evaluate.remote(version, f"step{step}")
-            self.running[ref] = (version, step)
-            self.handle(ref)
+        if not self.config.at_end or self.last_version == version:
+            return
+        for attempt in range(self.config.retries + 1):
+            if self._settle(self._submit(version, step, attempt)):
+                return

@@ -53,22 +53,28 @@ def test_the_hero_is_not_its_own_opponent_and_pins_survive_a_restart(tmp_path: P
     assert [o.opponent for o in result.opponents] == ["bot:random", "bot:dumbbot"]
 
 
-def test_the_driver_logs_the_typed_result(tmp_path: Path) -> None:
+class Tracker:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any], str]] = []
+
+    def log(self, kind: str, values: dict[str, Any], policy: str) -> None:
+        self.lines.append((kind, values, policy))
+
+
+def _schedule(tmp_path: Path, evaluator: Any, **config: Any) -> tuple[Any, Tracker, Any]:
     from diprl.run.config import EvalScheduleConfig
     from diprl.run.evaluations import EvalSchedule
     from diprl.run.journal import Journal
     from diprl.run.progress import RunStats
     from diprl.run.rundir import Counters
 
-    class Tracker:
-        def __init__(self) -> None:
-            self.lines: list[tuple[str, dict[str, Any], str]] = []
-
-        def log(self, kind: str, values: dict[str, Any], policy: str) -> None:
-            self.lines.append((kind, values, policy))
-
     tracker, counters = Tracker(), Counters()
-    schedule = EvalSchedule(None, EvalScheduleConfig(), Journal(tmp_path, tracker, RunStats()), counters)
+    journal = Journal(tmp_path, tracker, RunStats())
+    return EvalSchedule(evaluator, EvalScheduleConfig(**config), journal, counters), tracker, counters
+
+
+def test_the_driver_logs_the_typed_result(tmp_path: Path) -> None:
+    schedule, tracker, counters = _schedule(tmp_path, None)
     result = EvaluationResult("step4", "main@v2", "r.json", (OpponentResult("bot:random", 14, 6.5, (5.0, 8.0), 0.25),))
     schedule.record(result, "main@v2", 4)
     assert counters.evaluations == 1 and schedule.last == {"bot:random": 6.5} and schedule.last_version == "main@v2"
@@ -85,6 +91,69 @@ def test_the_driver_logs_the_typed_result(tmp_path: Path) -> None:
         "eval/hero_solo_rate": 0.25,
         "eval/report": "r.json",
     }
+
+
+class FlakyEvaluator:
+    """`evaluate.remote` hands out refs; the first `failures` of them fail when waited for, as a call does
+    whose PolicyServer replica was killed under it."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: list[tuple[str, str]] = []
+        self.evaluate = self
+
+    def remote(self, version: str, tag: str) -> tuple[int, str, str]:
+        self.calls.append((version, tag))
+        return (len(self.calls), version, tag)
+
+    def get(self, ref: tuple[int, str, str]) -> EvaluationResult:
+        number, version, tag = ref
+        if number <= self.failures:
+            raise RuntimeError("ActorDiedError: the replica died")
+        return EvaluationResult(tag, version, "r.json", (OpponentResult("bot:random", 7, 5.0, (4.0, 6.0), 0.0),))
+
+
+@pytest.mark.parametrize("failures", [1, 2, 3])
+def test_an_evaluation_killed_under_it_runs_again_before_the_next_and_its_version_stays_protected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    import ray
+
+    evaluator = FlakyEvaluator(failures)
+    monkeypatch.setattr(ray, "get", evaluator.get)
+    schedule, tracker, counters = _schedule(tmp_path, evaluator, every_steps=2, retries=2)
+    schedule.start("main@v1", 0)
+    schedule.on_step("main@v3", 2)  # the next evaluation waits behind the step-0 one and its retries
+    for _ in range(5):
+        schedule.fill(stopping=False)
+        if not schedule.running:
+            break
+        (ref,) = schedule.refs()
+        schedule.handle(ref)
+        if counters.evaluations == 0 and ref[0] <= 2:
+            assert "main@v1" in schedule.protected()  # pruning keeps a version whose evaluation runs again
+    faults = [v for kind, v, _ in tracker.lines if kind == "fault"]
+    assert [(f["evaluation"], f["step"], f["attempt"]) for f in faults] == [("main@v1", 0, a) for a in range(failures)]
+    evals = [(v["version"], v["step"]) for kind, v, _ in tracker.lines if kind == "eval"]
+    if failures <= 2:  # within retries: the "before" of the run is measured after all, and first
+        assert evaluator.calls[: failures + 1] == [("main@v1", "step0")] * (failures + 1)
+        assert evals == [("main@v1", 0), ("main@v3", 2)]
+    else:  # out of retries: on record as three faults, and the run goes on to the next evaluation
+        assert evals == [("main@v3", 2)]
+    assert counters.evaluations == len(evals) and not schedule.waiting
+
+
+def test_the_final_evaluation_runs_again_when_its_call_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    evaluator = FlakyEvaluator(failures=1)
+    monkeypatch.setattr(ray, "get", evaluator.get)
+    schedule, tracker, _ = _schedule(tmp_path, evaluator, retries=1)
+    schedule.final("main@v9", 30)
+    assert evaluator.calls == [("main@v9", "step30")] * 2
+    assert [v["version"] for kind, v, _ in tracker.lines if kind == "eval"] == ["main@v9"]
+    with pytest.raises(ValueError, match="retries"):
+        _schedule(tmp_path, evaluator, retries=-1)
 
 
 def test_the_training_runs_evaluation_overrides_reach_the_evaluator() -> None:
