@@ -106,6 +106,7 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
     penalty; a rate on the bench's command line still wins."""
     from diprl.bench.learning import (
         VARIANTS,
+        WARM_START_GROUP_SIZE,
         WARM_START_KL_COEF,
         WARM_START_LR,
         WARM_START_WARMUP_MAX_PHASES,
@@ -123,6 +124,11 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
     assert config.rollout.episode.warmup_max_phases == WARM_START_WARMUP_MAX_PHASES > 4  # later years too
     # anchored to the warm start itself: a fixed KL reference, not an EMA that follows the drift
     assert (config.learner.kl_coef, config.learner.ema_decay) == (WARM_START_KL_COEF, 1.0) and WARM_START_KL_COEF > 0
+    # eight forks a decision, the same 64 records a step, untrained decisions played greedily
+    episode = config.rollout.episode
+    assert (episode.group_size, episode.untrained_temperature) == (WARM_START_GROUP_SIZE, 0.0)
+    assert episode.group_size > 4
+    assert config.learner.groups_per_step * episode.group_size == 64
     assert compose_config(training_args(warm, 1.0, tmp_path / "run"))[0].learner.lr > WARM_START_LR
     told = [*warm_start_overrides(adapter, "tiny"), "learner.lr=0.0005"]
     assert compose_config(training_args(warm, 1.0, tmp_path / "run", overrides=told))[0].learner.lr == 0.0005
