@@ -220,12 +220,17 @@ entropy stayed at 0.47-0.48, the per-token KL near 0.025, and the greedy policy 
 in 43 steps at lr 2e-3 (README, "Does it learn?"). At lr 4e-3 the same penalty did not hold (-1.29)."""
 
 
+RECORDS_PER_STEP = 64
+"""Records a learner step trains on: the `random` experiment's 16 groups of 4 forks. A warm start with
+larger groups takes fewer of them a step, so that a step costs the learner the same."""
+
+
 WARM_START_GROUP_SIZE = 8
-"""RL from the warm start compares eight forks of each decision, eight such groups a learner step (the
-same 64 records a step as 16 groups of 4), and plays every decision it does not train greedily
+"""RL from the warm start compares eight forks of each decision, `RECORDS_PER_STEP // 8` such groups a
+learner step, and plays every decision it does not train greedily
 (`rollout.episode.untrained_temperature=0`: the warmup, the other seats, each fork's later turns). A
 policy this good samples its own choice most of the time: four forks of one decision rarely hold a
-better alternative, so a group's comparison was mostly noise; eight hold one twice as often. And one
+better alternative, so a group's comparison was mostly noise; eight hold one about twice as often. And one
 warmup now serves eight forks instead of four, so the same 30 minutes trained more steps (52 and 47 against
 38). With four forks, four anchored runs gained +0.12 to +0.18 on the bench's 56 games, none measurably;
 with eight, two runs gained +0.46 [+0.05, +0.89] and +0.39 [-0.14, +0.91] (README, "Does it learn?")."""
@@ -244,7 +249,7 @@ def warm_start_overrides(adapter: str, model: str) -> list[str]:
         "learner.ema_decay=1.0",
         f"rollout.episode.warmup_max_phases={WARM_START_WARMUP_MAX_PHASES}",
         f"rollout.episode.group_size={WARM_START_GROUP_SIZE}",
-        f"learner.groups_per_step={64 // WARM_START_GROUP_SIZE}",
+        f"learner.groups_per_step={RECORDS_PER_STEP // WARM_START_GROUP_SIZE}",
         "rollout.episode.untrained_temperature=0",
     ]
 

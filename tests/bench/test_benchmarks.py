@@ -105,6 +105,7 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
     """RL from the imitation adapter starts at WARM_START_LR, on the imitation's model, anchored to it by a KL
     penalty; a rate on the bench's command line still wins."""
     from diprl.bench.learning import (
+        RECORDS_PER_STEP,
         VARIANTS,
         WARM_START_GROUP_SIZE,
         WARM_START_KL_COEF,
@@ -128,7 +129,9 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
     episode = config.rollout.episode
     assert (episode.group_size, episode.untrained_temperature) == (WARM_START_GROUP_SIZE, 0.0)
     assert episode.group_size > 4
-    assert config.learner.groups_per_step * episode.group_size == 64
+    assert config.learner.groups_per_step * episode.group_size == RECORDS_PER_STEP == 64
+    scratch = compose_config(training_args(warm, 1.0, tmp_path / "run"))[0]  # what the warm start keeps
+    assert scratch.learner.groups_per_step * scratch.rollout.episode.group_size == RECORDS_PER_STEP
     assert compose_config(training_args(warm, 1.0, tmp_path / "run"))[0].learner.lr > WARM_START_LR
     told = [*warm_start_overrides(adapter, "tiny"), "learner.lr=0.0005"]
     assert compose_config(training_args(warm, 1.0, tmp_path / "run", overrides=told))[0].learner.lr == 0.0005
