@@ -105,8 +105,10 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
     """RL from the imitation adapter starts at WARM_START_LR, on the imitation's model, anchored to it by a KL
     penalty; a rate on the bench's command line still wins."""
     from diprl.bench.learning import (
+        EVAL_GAMES,
         RECORDS_PER_STEP,
         VARIANTS,
+        WARM_START_EVAL_GAMES,
         WARM_START_GROUP_SIZE,
         WARM_START_KL_COEF,
         WARM_START_LR,
@@ -130,7 +132,10 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
     assert (episode.group_size, episode.untrained_temperature) == (WARM_START_GROUP_SIZE, 0.0)
     assert episode.group_size > 4
     assert config.learner.groups_per_step * episode.group_size == RECORDS_PER_STEP == 64
+    # more games than from scratch, a multiple of 7 (every power as often), the first 56 the same seeds
+    assert config.evaluation.games == WARM_START_EVAL_GAMES > EVAL_GAMES and WARM_START_EVAL_GAMES % 7 == 0
     scratch = compose_config(training_args(warm, 1.0, tmp_path / "run"))[0]  # what the warm start keeps
+    assert scratch.evaluation.games == EVAL_GAMES == 56
     assert scratch.learner.groups_per_step * scratch.rollout.episode.group_size == RECORDS_PER_STEP
     assert compose_config(training_args(warm, 1.0, tmp_path / "run"))[0].learner.lr > WARM_START_LR
     told = [*warm_start_overrides(adapter, "tiny"), "learner.lr=0.0005"]
