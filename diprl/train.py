@@ -184,7 +184,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
     The summary's `stopped` says why a run ended before its budget (a signal, a failed actor) and
     `exit_code` what `main` returns: 0 at the budget, 1 after a failure, 128 + the signal's number.
     """
-    from diprl.inference.server import serving
+    from diprl.inference.server import deploying
     from diprl.raysession import ray_session
     from diprl.run.journal import Journal
     from diprl.run.progress import RunStats
@@ -204,8 +204,9 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         try:
             quiet_libraries(verbose)  # Serve configures its own driver-side logger on import: quiet it again
             server = server_config(config, run_dir, verbose)
-            with serving(server, config.placement.inference), web_app(config, run_dir):
-                actors = start_actors(config, run_dir)
+            with deploying(server, config.placement.inference) as deployment, web_app(config, run_dir):
+                actors = start_actors(config, run_dir)  # while the PolicyServer's replicas start
+                deployment.result()  # up before any match or evaluation is asked of it
                 tracker = Tracker(run_dir, json_safe(asdict(config)), use_wandb=config.train.wandb)
                 journal = Journal(run_dir, tracker, RunStats())
                 driver = Driver(config, run_dir, actors, journal, load_counters(run_dir), stop)

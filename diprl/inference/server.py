@@ -18,6 +18,7 @@ Each adapter has its own load lock, so a cold load never holds up requests for o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -639,6 +640,25 @@ def serving(config: ServerConfig, resources: Mapping[str, float] | None = None) 
         yield handle
     finally:
         stop_serving(config.name, adapter_root=config.adapter_root)
+
+
+@contextlib.contextmanager
+def deploying(
+    config: ServerConfig, resources: Mapping[str, float] | None = None
+) -> Iterator[concurrent.futures.Future[Any]]:
+    """`serving`, with the deployment on a thread of its own: the block runs while the replicas start, and
+    `.result()` on the future it yields waits for the deployment handle (raising what deploying raised).
+    A training run creates its other actors meanwhile: their start (imports, the learner's engine) and the
+    replicas' (vLLM's) overlap instead of following one another. After the block, once the deployment
+    call has returned, the server is deleted as `serving` deletes it; a deployment that raised is left
+    as `serving` leaves it (nothing of this server's to delete, or another run's)."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="deploy-policy-server") as pool:
+        deployment = pool.submit(serve_policy, config, resources)
+        try:
+            yield deployment
+        finally:
+            if deployment.exception() is None:  # waits for the deployment call to return
+                stop_serving(config.name, adapter_root=config.adapter_root)
 
 
 def replica_options(config: ServerConfig, resources: Mapping[str, float] | None = None) -> dict[str, Any]:

@@ -43,11 +43,20 @@ class ServeClient:
     """Calls the PolicyServer through its deployment handle (what rollout workers use)."""
 
     def __init__(self, app_name: str = "policy", deployment: str | None = None, timeout_s: float = 600.0) -> None:
-        from ray import serve
-
-        # `serve_policy` names the application and its one deployment alike.
-        self.handle = serve.get_deployment_handle(deployment or app_name, app_name=app_name)
+        self.app_name = app_name
+        self.deployment = deployment or app_name  # `serve_policy` names the application and its deployment alike
         self.timeout_s = timeout_s
+        self._handle: Any = None
+
+    @property
+    def handle(self) -> Any:
+        """The deployment's handle, got at the first call: a training run creates its workers and evaluator
+        while its PolicyServer is still deploying (`diprl.inference.server.deploying`)."""
+        if self._handle is None:
+            from ray import serve
+
+            self._handle = serve.get_deployment_handle(self.deployment, app_name=self.app_name)
+        return self._handle
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         return list(self.handle.generate.remote(list(requests)).result(timeout_s=self.timeout_s))

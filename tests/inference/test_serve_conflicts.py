@@ -6,6 +6,7 @@ real cluster is tested in test_server.py.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,60 @@ def test_an_application_that_cannot_say_whose_it_is_is_neither_replaced_nor_dele
     assert fake_serve.calls == []
     server_module.stop_serving("policy")  # by name alone: the caller knows it is theirs
     assert fake_serve.calls == ["delete policy"]
+
+
+def test_deploying_runs_the_block_while_the_replicas_start_and_deletes_only_what_it_deployed(
+    tmp_path: Path, fake_serve: FakeServe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training run creates its actors while its PolicyServer deploys: the block runs before the
+    deployment call returns, `.result()` waits for it, and the server is deleted only after that call
+    returned (however the block ended), never when the deployment itself was refused."""
+    replicas_up = threading.Event()
+
+    def run(*args: Any, name: str, **kwargs: Any) -> str:
+        assert replicas_up.wait(10), "the block did not run while the replicas were starting"
+        fake_serve.apps[name] = {"adapter_root": str(tmp_path / "run-a")}
+        return fake_serve.run(*args, name=name, **kwargs)
+
+    monkeypatch.setattr(server_module.serve, "run", run)
+    with server_module.deploying(config(tmp_path, "run-a")) as deployment:
+        assert not deployment.done()
+        replicas_up.set()
+        assert deployment.result(timeout=10) == "policy"
+    assert fake_serve.calls == ["start", "run policy", "delete policy"]
+
+    # The block fails while the replicas start: the server is deleted once its deployment returned.
+    replicas_up.clear()
+    fake_serve.calls.clear()
+    with pytest.raises(RuntimeError, match="an actor failed"), server_module.deploying(config(tmp_path, "run-a")):
+        threading.Timer(0.2, replicas_up.set).start()
+        raise RuntimeError("an actor failed")
+    assert fake_serve.calls == ["start", "run policy", "delete policy"]
+
+    # Refused (another run's store): its error reaches the caller, and the other run's server stays.
+    fake_serve.calls.clear()
+    refused = pytest.raises(server_module.ServeConflict, match="already serves adapters from")
+    with refused, server_module.deploying(config(tmp_path, "run-b")) as deployment:
+        deployment.result(timeout=10)
+    assert fake_serve.calls == []
+
+
+def test_a_serve_client_gets_its_handle_at_the_first_call_not_when_it_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollout workers and the evaluator make their client in their constructors, which a training run
+    calls while its PolicyServer is still deploying: asking Serve for the handle then could fail."""
+    from ray import serve
+
+    from diprl.rollout.clients import ServeClient
+
+    asked: list[tuple[str, str]] = []
+
+    def get_deployment_handle(deployment: str, app_name: str) -> Any:
+        asked.append((deployment, app_name))
+        remote = staticmethod(lambda requests: _Call([f"answer to {len(requests)}"]))
+        return type("Handle", (), {"generate": type("Method", (), {"remote": remote})()})()
+
+    monkeypatch.setattr(serve, "get_deployment_handle", get_deployment_handle)
+    client = ServeClient(app_name="policy-server-run-x")
+    assert asked == []
+    assert client.generate([]) == ["answer to 0"] and client.generate([]) == ["answer to 0"]
+    assert asked == [("policy-server-run-x", "policy-server-run-x")]  # once, by the application's name
