@@ -6,9 +6,10 @@
 One configuration = one real training run (`python -m diprl.train +experiment=random`: the hero
 against six Random bots, the tiny model on this machine's CPUs, local Ray, the PolicyServer, the
 learner, the league) with the same fixed evaluation before and after: 56 seeded games, every power 8
-times (112 from the warm start, whose gain is smaller: `WARM_START_EVAL_GAMES`), 1 hero vs 6 Random, to
-the end of 1906, the hero greedy (`--temperature`, default 0; at a
-positive temperature its samples are seeded). The gain is the mean over those games of
+times (112 from the warm start, whose gain is smaller: `WARM_START_EVAL_GAMES`; its "before" is the warm
+start's own evaluation, made once before the run), 1 hero vs 6 Random, to the end of 1906, the hero greedy
+(`--temperature`, default 0; at a positive temperature its samples are seeded). The gain is the mean over
+those games of
 (hero centres after - hero centres before), paired game by game (same seed, same power), with a
 95% interval from a paired bootstrap.
 
@@ -28,11 +29,14 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from diprl.eval.config import GamesConfig
 
 EVAL_GAMES = 56
 EVAL_MAX_YEAR = 1906
@@ -80,18 +84,26 @@ def paired_gain(
 
 def _hero_centres(report_path: Path, opponents: str = "bot:random") -> list[float]:
     """Per-game hero centres of one evaluation, in game-index order (the pairing key)."""
-    report = json.loads(report_path.read_text())
-    return [float(c) for c in report["suites"][opponents]["hero_centres_per_game"]]
+    return [float(c) for c in _suite(report_path, opponents)["hero_centres_per_game"]]
 
 
-def _eval_reports(run_dir: Path) -> tuple[Path, Path]:
-    """The first and last evaluation reports of a run (the driver evaluates at its start and its end)."""
+def _eval_reports(run_dir: Path, before: Path | None = None) -> tuple[Path, Path]:
+    """The first and last evaluation reports of a run (the driver evaluates at its start and its end), or
+    `before` and the run's last one when the starting policy was evaluated before the run."""
     from diprl.tracking import read_metrics
 
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval" and r.get("eval/report")]
-    if len(evals) < 2:
-        raise RuntimeError(f"{run_dir}: expected evaluations at the start and the end, found {len(evals)}")
-    return Path(evals[0]["eval/report"]), Path(evals[-1]["eval/report"])
+    if len(evals) < (1 if before else 2):
+        what = "an evaluation at the end" if before else "evaluations at the start and the end"
+        raise RuntimeError(f"{run_dir}: expected {what}, found {len(evals)}")
+    return before or Path(evals[0]["eval/report"]), Path(evals[-1]["eval/report"])
+
+
+def _suite(report_path: Path, opponents: str = "bot:random") -> dict[str, Any]:
+    """One opponent's suite of an evaluation report: a run's evaluator writes one per opponent under
+    `suites`, `python -m diprl.evaluate` its hero's suite at the top."""
+    report = json.loads(report_path.read_text())
+    return dict(report["suites"][opponents]) if "suites" in report else dict(report)
 
 
 EVAL_TEMPERATURE = 0.0
@@ -136,9 +148,12 @@ def run_variant(
         adapter, model = warm_start_adapter(out / "imitation")
         warm = warm_start_overrides(adapter, model)
     config, resolved = compose_config(training_args(variant, minutes, run_dir, temperature, [*warm, *overrides]))
+    evaluated_before = None
+    if variant.warm_start and not config.evaluation.at_start:
+        evaluated_before = warm_start_evaluation(out / "imitation", config.model.name, config.evaluation.games_config())
     start = time.perf_counter()
     summary = run(config, resolved)
-    before_path, after_path = _eval_reports(run_dir)
+    before_path, after_path = _eval_reports(run_dir, evaluated_before)
     before, after = _hero_centres(before_path), _hero_centres(after_path)
     gain = paired_gain(before, after)
     return {
@@ -152,6 +167,8 @@ def run_variant(
         "learning_gain_lo": gain["lo"],
         "learning_gain_hi": gain["hi"],
         "eval_temperature": temperature,
+        "eval_games": len(before),
+        "before_report": str(before_path),
         "run_dir": str(run_dir),
     }
 
@@ -193,6 +210,45 @@ def warm_start_adapter(out: Path, overrides: Sequence[str] = WARM_START_RECIPE) 
         imitate(config)
     report = json.loads(report_path.read_text())
     return str(AdapterStore(adapters).resolve(str(report["version"])).path), str(report["model"])
+
+
+def warm_start_evaluation(out: Path, model: str, play: GamesConfig) -> Path:
+    """The warm start's own evaluation (`python -m diprl.evaluate` of the imitation's version, served as
+    `model`, on the games of `play`), made once per output directory and those games: its report.
+
+    The same games a run's evaluator plays at its start (same seeds, powers, temperature and per-request
+    sampling seeds; the run's step-0 version is the imitation's weights published again), so a run from
+    the warm start need not evaluate it inside its training minutes (`evaluation.at_start=false`), and
+    every run of one bench directory is paired with the same "before". A report made for other games is
+    made again.
+    """
+    from diprl.eval.config import load_evaluate_config
+    from diprl.evaluate import make_plan
+    from diprl.evaluate import run as evaluate
+    from diprl.imitation.run import REPORT
+
+    version = str(json.loads((out / REPORT).read_text())["version"])
+    wanted = {"policy": version, "opponents": ["bot:random"], "play": asdict(play)}
+    where = out / f"evaluation-{play.games}-games-{play.max_year}-t{play.temperature:g}"
+    report_path = where / "report.json"
+    if report_path.is_file():
+        made = json.loads(report_path.read_text())["config"]
+        if {k: made.get(k) for k in wanted} == wanted:
+            return report_path
+    options = [f"{key}={'null' if value is None else value}" for key, value in asdict(play).items()]
+    config = load_evaluate_config(
+        [
+            f"policy={version}",
+            "opponents=[bot:random]",
+            f"adapters={out / 'adapters'}",
+            f"served_model={model}",
+            f"out={where}",
+            "progress=false",
+            *options,
+        ]
+    )
+    evaluate(make_plan(config))
+    return report_path
 
 
 WARM_START_LR = 2e-3
@@ -241,9 +297,11 @@ WARM_START_EVAL_GAMES = 112
 """RL from the warm start is evaluated on 112 games (every power 16 times; the first 56 are the from-scratch
 games, the same seeds), before and after. Its gain is a few tenths of a centre where from scratch it is
 several centres, and 56 games resolve about +-0.45 around it: two runs of the eight-fork setting gained
-+0.46 [+0.05, +0.89] and +0.39 [-0.14, +0.91] there. 112 games resolve about +-0.35 and take about 4.5
-more minutes a run. Chosen on 2026-11-29, before the runs measured with it (the rows evaluated on 112 games
-afterwards are marked as such in the README)."""
++0.46 [+0.05, +0.89] and +0.39 [-0.14, +0.91] there. 112 games resolve about +-0.35. Chosen on 2026-11-29,
+before the runs measured with it (the rows evaluated on 112 games afterwards are marked as such in the
+README). The warm start's own evaluation is made before the run (`warm_start_evaluation`), not inside its
+30 minutes: evaluated at the run's start, the 112 games shared the 2 cores with training for 7 minutes, and
+the first run so set had taken 17 learner steps in 18 minutes where the 56-game runs had taken 30."""
 
 
 def warm_start_overrides(adapter: str, model: str) -> list[str]:
@@ -263,6 +321,7 @@ def warm_start_overrides(adapter: str, model: str) -> list[str]:
         f"learner.groups_per_step={RECORDS_PER_STEP // WARM_START_GROUP_SIZE}",
         "rollout.episode.untrained_temperature=0",
         f"evaluation.games={WARM_START_EVAL_GAMES}",
+        "evaluation.at_start=false",  # evaluated before the run instead: `warm_start_evaluation`
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,9 +135,66 @@ def test_the_warm_start_steps_at_its_own_rate_unless_told_otherwise(tmp_path: Pa
     assert config.learner.groups_per_step * episode.group_size == RECORDS_PER_STEP == 64
     # more games than from scratch, a multiple of 7 (every power as often), the first 56 the same seeds
     assert config.evaluation.games == WARM_START_EVAL_GAMES > EVAL_GAMES and WARM_START_EVAL_GAMES % 7 == 0
+    # evaluated before the run (`warm_start_evaluation`), not inside its training minutes
+    assert config.evaluation.at_start is False and config.evaluation.at_end is True
     scratch = compose_config(training_args(warm, 1.0, tmp_path / "run"))[0]  # what the warm start keeps
-    assert scratch.evaluation.games == EVAL_GAMES == 56
+    assert scratch.evaluation.games == EVAL_GAMES == 56 and scratch.evaluation.at_start is True
     assert scratch.learner.groups_per_step * scratch.rollout.episode.group_size == RECORDS_PER_STEP
     assert compose_config(training_args(warm, 1.0, tmp_path / "run"))[0].learner.lr > WARM_START_LR
     told = [*warm_start_overrides(adapter, "tiny"), "learner.lr=0.0005"]
     assert compose_config(training_args(warm, 1.0, tmp_path / "run", overrides=told))[0].learner.lr == 0.0005
+
+
+def test_the_warm_start_is_evaluated_once_for_its_games_and_paired_with_a_runs_last_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm start's "before" is `python -m diprl.evaluate` of the imitation's version, on the games the run
+    evaluates at its end, served as the run's model; made once per bench directory and games, made again
+    for other games; a run's `suites` report and the standalone top-level one read alike."""
+    import json
+    from dataclasses import asdict, replace
+
+    import diprl.evaluate
+    from diprl.bench.learning import _eval_reports, _hero_centres, warm_start_evaluation
+    from diprl.eval.config import GamesConfig
+    from diprl.imitation.run import REPORT
+    from diprl.inference.adapters import AdapterStore
+    from tests.inference.lora_fixtures import make_lora_dir
+
+    made: list[Any] = []
+
+    def evaluate(plan: Any) -> dict[str, Any]:
+        made.append(plan.config)
+        report = {
+            "config": asdict(plan.suite),
+            "hero_centres_per_game": [float(i % 5) for i in range(plan.suite.play.games)],
+        }
+        Path(plan.config.out).mkdir(parents=True, exist_ok=True)
+        (Path(plan.config.out) / "report.json").write_text(json.dumps(report))
+        return report
+
+    monkeypatch.setattr(diprl.evaluate, "run", evaluate)
+    imitation = tmp_path / "imitation"
+    version = AdapterStore(imitation / "adapters").publish("imitation", make_lora_dir(tmp_path, seed=1)).name
+    (imitation / REPORT).write_text(json.dumps({"version": version, "model": "tiny_wide"}))
+    play = GamesConfig(games=112, max_year=1906, seed=12345, temperature=0.0)
+    before = warm_start_evaluation(imitation, "tiny_wide", play)
+    assert len(made) == 1 and made[0].games_config() == play
+    assert (made[0].policy, made[0].opponents, made[0].served_model) == (version, ["bot:random"], "tiny_wide")
+    assert made[0].adapters == str(imitation / "adapters")
+    assert warm_start_evaluation(imitation, "tiny_wide", play) == before and len(made) == 1  # made once
+    other = warm_start_evaluation(imitation, "tiny_wide", replace(play, games=56))
+    assert len(made) == 2 and other != before and made[1].games == 56  # other games: made again
+    (before.parent / "report.json").write_text(json.dumps({"config": {}, "hero_centres_per_game": []}))
+    warm_start_evaluation(imitation, "tiny_wide", play)
+    assert len(made) == 3  # a report that does not say it is of these games is made again
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    after = run_dir / "after.json"
+    after.write_text(json.dumps({"suites": {"bot:random": {"hero_centres_per_game": [1.0, 2.0]}}}))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "eval/report": str(after)}) + "\n")
+    assert _eval_reports(run_dir, before) == (before, after)
+    with pytest.raises(RuntimeError, match="evaluations at the start and the end, found 1"):
+        _eval_reports(run_dir)
+    assert _hero_centres(after) == [1.0, 2.0] and _hero_centres(before)[:6] == [0.0, 1.0, 2.0, 3.0, 4.0, 0.0]
