@@ -1,9 +1,9 @@
-"""The README runs as written: every bash/python block is marked, the marked ones run, every link resolves.
+"""The README and the docs run as written: every bash/python block is marked, the marked ones run, links resolve.
 
 A README drifts silently: a renamed option, a snippet that was never complete, a link to a file outside
-the repository. This harness makes the suite catch all three. The convention (also in docs/contributing.md):
-every fenced ```bash or ```python block of README.md carries an HTML comment on the line before its fence
-(or two lines before, with one blank line between):
+the repository. So do docs. This harness makes the suite catch all three in `README.md` and every
+`docs/*.md`. The convention (also in docs/contributing.md): every fenced ```bash or ```python block
+carries an HTML comment on the line before its fence (or two lines before, with one blank line between):
 
     <!-- readme-test: run -->                           run it as written
     <!-- readme-test: run args="--games 7" -->          append these arguments to every `python -m` line
@@ -13,9 +13,11 @@ every fenced ```bash or ```python block of README.md carries an HTML comment on 
 
 Python blocks run as a script with the repository's venv interpreter. In a bash block only the commands
 that start with `.venv/bin/python -m diprl.` or `make ` run (curl against a server, `ray up`, ... need
-something the suite cannot provide; a block with nothing runnable must be marked skip). Everything runs
-in the repository root with the Makefile's offline environment. Each block is its own test, named by
-file and fence line (`README.md:123`).
+something the suite cannot provide; a block with nothing runnable must be marked skip). Blocks in other
+languages (yaml, text, a bare fence for printed output) are not run and may not carry a marker.
+Everything runs in the repository root with the Makefile's offline environment. Each block is its own
+test, named by file and fence line (`README.md:123`, `docs/cluster.md:117`). The docs site itself is
+built by tests/test_docs.py.
 """
 
 from __future__ import annotations
@@ -389,39 +391,39 @@ def run_block(block: Block, tmp_path: Path, root: Path = REPO) -> None:
         _run(["bash", "-o", "pipefail", "-c", command], block.marker.timeout, f"`{command}`", env, root)
 
 
-# --------------------------------------------------------------------------------- the real README
+# --------------------------------------------------------------------------------- the real README and docs
 
 
-def _readme_blocks() -> list[Block]:
-    if not README.is_file():
-        return []
-    return extract_blocks(README.read_text(encoding="utf-8"), "README.md").checked
+def _markdown_files() -> list[Path]:
+    """README.md and every page of docs/: the files whose blocks are checked and whose links must resolve."""
+    return [p for p in [README, *sorted((REPO / "docs").glob("*.md"))] if p.is_file()]
+
+
+def _extraction(md_file: Path) -> Extraction:
+    return extract_blocks(md_file.read_text(encoding="utf-8"), md_file.relative_to(REPO).as_posix())
 
 
 def _run_params() -> list[object]:
     params: list[object] = []
-    for block in _readme_blocks():
-        if block.marker is None or block.marker.action != "run":
-            continue
-        marks = [pytest.mark.slow] if block.marker.slow else []
-        params.append(pytest.param(block, id=block.test_id, marks=marks))
+    for md_file in _markdown_files():
+        for block in _extraction(md_file).checked:
+            if block.marker is None or block.marker.action != "run":
+                continue
+            marks = [pytest.mark.slow] if block.marker.slow else []
+            params.append(pytest.param(block, id=block.test_id, marks=marks))
     return params
 
 
-def test_every_readme_block_is_marked() -> None:
-    problems = unmarked(extract_blocks(README.read_text(encoding="utf-8"), "README.md"))
-    assert not problems, "README.md blocks need a readme-test marker (see docs/contributing.md):\n" + "\n".join(
-        problems
-    )
+@pytest.mark.parametrize("md_file", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_block_is_marked(md_file: Path) -> None:
+    problems = unmarked(_extraction(md_file))
+    name = md_file.relative_to(REPO).as_posix()
+    assert not problems, f"{name} blocks need a readme-test marker (see docs/contributing.md):\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("block", _run_params())
-def test_readme_block_runs(block: Block, tmp_path: Path) -> None:
+def test_block_runs(block: Block, tmp_path: Path) -> None:
     run_block(block, tmp_path)
-
-
-def _markdown_files() -> list[Path]:
-    return [p for p in [README, *sorted((REPO / "docs").glob("*.md"))] if p.is_file()]
 
 
 @pytest.mark.parametrize("md_file", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
