@@ -24,7 +24,7 @@ export PYTHONPATH := $(CURDIR)
 
 ARENA_ARGS ?= --hero dumbbot --opponents random --games 70 --max-year 1935
 
-.PHONY: install system-packages run train arena ladder test lint format bench clean
+.PHONY: install system-packages run train arena ladder test lint format bench docs clean
 
 install: system-packages $(STAMP)
 
@@ -86,6 +86,10 @@ format: install
 bench: install
 	@mkdir -p $(TMPDIR)
 	$(BIN)/python -m diprl.bench engine
+
+# The docs site (mkdocs.yml, docs/) on loopback only, rebuilt as pages change; tests/test_docs.py builds it --strict.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve -a 127.0.0.1:8001
 
 clean:
 	rm -rf $(VENV) $(DIPRL_CACHE_DIR) .pytest_cache .mypy_cache .ruff_cache
