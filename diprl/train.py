@@ -9,7 +9,7 @@ start (or join) Ray, create the run's actors, and hand them to the driver (`dipr
     evaluator                        -> fixed evaluation games against a frozen pool, every few steps
 
 A killed actor is restarted by Ray and its call retried; `train.resume=<run_dir>` continues a run after
-any stop (the README's "Resume" section says what it checks). SIGINT or SIGTERM (or an actor's error)
+any stop (docs/training.md, "Resume", says what it checks). SIGINT or SIGTERM (or an actor's error)
 stops taking new work, lets what runs finish, then writes the final checkpoints, evaluation and summary;
 a second signal aborts at once.
 """
@@ -132,7 +132,7 @@ def _warn_missing_resources(missing: dict[str, list[str]]) -> None:
     for role, names in missing.items():
         print(
             f"warning: placement.{role} asks for {', '.join(names)}, which no node of this Ray cluster declares "
-            f"yet: its actors wait until a node that does joins (README, GPU cluster: where each role runs)",
+            f"yet: its actors wait until a node that does joins (docs/cluster.md: where each role runs)",
             file=sys.stderr,
             flush=True,
         )

@@ -30,7 +30,7 @@ from diprl.run.rundir import config_differences, run_namespace, serve_app_name
 from diprl.tracking import read_metrics
 
 LOOPBACK = "127.0.0.1"
-GPU_NODE = {"learner_node": 1.0, "inference_node": 1.0}  # what a GPU node type declares (README, GPU cluster)
+GPU_NODE = {"learner_node": 1.0, "inference_node": 1.0}  # what a GPU node type declares (docs/cluster.md)
 CPU_NODE = {"rollout_node": 1.0}
 HEAD_ROLES = ("league", "group-ledger", "queue-main", "evaluator")
 # A lost node is noticed after about 5 s instead of Ray's default of about 17 s.

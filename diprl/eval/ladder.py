@@ -2,7 +2,7 @@
 
     python -m diprl.eval.ladder --games 70 [--json ladder.json] [--quiet] [--verbose]
 
-Prints the markdown table the README carries, so the published numbers can be regenerated with
+Prints the markdown table docs/ladder.md carries, so the published numbers can be regenerated with
 one command. For each self-play row it also counts games that any power soloed, the figure
 the DumbBot specification (docs/dumbbot.md) gives for calibrating it (about one game in five).
 While the games run, a progress bar over all rows goes to stderr when it is a terminal (`--quiet`:
@@ -46,7 +46,7 @@ def ladder_suites(games: int, max_year: int, workers: int, seed: int) -> list[Su
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The README's table, one line per suite report."""
+    """The table of docs/ladder.md, one line per suite report."""
     lines = [
         "| hero | vs 6 | solo | top | survived | eliminated | mean centres | mean SoS | games ending in any solo |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -2,7 +2,7 @@
 
 The training driver talks to it in four calls: `register_version` when a learner publishes (a
 `VersionDecision`: maybe "snapshot", maybe "reset"), `next_match` for a role's next `Match`, `report`
-with the `MatchResult`s of played matches, and `summary` for the progress line and the README. What
+with the `MatchResult`s of played matches, and `summary` for the run's `league_summary.json`. What
 each role does (who it plays, its snapshot and reset rules) is the role table (`roles.py`): nothing
 here branches on a role's name.
 
@@ -216,7 +216,7 @@ class LeagueManager:
         return None
 
     def summary(self) -> dict[str, Any]:
-        """What the progress line and the README show: pool, payoff, ratings, Nash weights, counts.
+        """What `league_summary.json` holds (and the web app's league page shows): pool, payoff, ratings, Nash weights, counts.
 
         {"roles": [...], "current": {policy: ref}, "pool": [{"member", "kind", "role", "ref", "rating",
         "mu", "sigma", "nash", "games"}], "payoff": {"members": [...], "win_rate": [[...]], "games": [[...]]},

@@ -24,7 +24,7 @@ order's target), so "move onto a centre nobody of mine owns" is a comparison of 
 learn, and the tied output row of ` BUR` is the embedding the board showed it. Recipe 2 merged across
 spaces (`VIE) units: A BOH, A ` was one id, a whole opening board line another): a prompt was 4x
 shorter, but each board was a few opaque ids, and the trained policy picked the same target whatever
-the unit and the board (README, "Does it learn?"). Recipe 1 merged whole orders, giving each its own
+the unit and the board (docs/results.md, "What unlocked learning"). Recipe 1 merged whole orders, giving each its own
 random output row that LoRA on the body could not reshape.
 
 Built once into the cache with the same primitives as the Qwen tokenizer: a fingerprint of the

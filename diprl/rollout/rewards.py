@@ -104,7 +104,7 @@ class OrderWeights:
     # move into a province its own unit did not leave): no standoff was intended. Its own label, so logs and
     # traces show how often the policy blocks itself; weighted as any bounce, because a heavier weight
     # (-1.0, with order_coef 0.5) taught the tiny policy to hold instead (learning benchmark, 10 minutes:
-    # -0.14 centres where the same run without it gained +1.27; README, "Does it learn?").
+    # -0.14 centres where the same run without it gained +1.27; docs/results.md, "Before the fix").
     self_bounced_move: float = -0.25
     # Zero: a successful move is already paid for by the outcome and shaping; rewarding every move
     # that goes through would favour aimless motion over useful holds.

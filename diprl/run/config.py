@@ -55,7 +55,7 @@ class RolloutConfig:
     match are trained is the league's call (`league.train_seats`: hero | learners).
 
     Sizing: a PolicyServer replica sees up to `num_workers x matches_in_flight x group_size x LLM seats`
-    requests per phase (7 seats in self-play); keep that near its `max_num_seqs` (README: "Sizing").
+    requests per phase (7 seats in self-play); keep that near its `max_num_seqs` (docs/rollouts.md, "Sizing the rollouts").
     """
 
     num_workers: int = 2  # rollout actors
@@ -107,7 +107,7 @@ class PlacementConfig:
     Ask for a small amount (0.001): it marks where a role may run, while CPUs and GPUs still bound how
     many fit. `node:__internal_head__` (Ray's own, on every head) pins a role to the head. Empty (the
     default, `placement=anywhere`): Ray places by CPUs and GPUs alone. `conf/placement/*.yaml` ship
-    presets; README, "GPU cluster", shows the node types they expect.
+    presets; docs/cluster.md, "Where each role runs", shows the node types they expect.
     """
 
     learner: dict[str, float] = field(default_factory=dict)  # every learner of every trained policy

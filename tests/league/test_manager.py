@@ -238,7 +238,7 @@ def test_summary_shape(tmp_path: Path) -> None:
     assert summary["matches"]["main_exploiter"]["main"] == 3
     assert summary["current"] == {p: f"{p}@v1" for p in ("main", "main_exploiter", "league_exploiter")}
     assert {m["kind"] for m in summary["pool"]} == {"anchor", "learner"}
-    json.dumps(summary)  # plain data: goes into metrics and the README as it is
+    json.dumps(summary)  # plain data: goes into league_summary.json as it is
 
 
 def test_self_play_matches_are_reported_whatever_the_hero_power(tmp_path: Path) -> None:
