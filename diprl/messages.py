@@ -123,11 +123,6 @@ class PolicyRef:
 BASE_REF = PolicyRef(RefKind.BASE)
 
 
-def parse_ref(text: object) -> PolicyRef:
-    """`PolicyRef.parse`, as a function."""
-    return PolicyRef.parse(text)
-
-
 def policy_of(text: str) -> str:
     """The trained policy of a PolicyRef string ("main@v3" -> "main"); "" for base, bots and malformed refs."""
     try:

@@ -306,7 +306,6 @@ class PlanConfig:
     learner: Any = None
     cluster: Any = None
     workload: Any = None
-    notes: list[str] = field(default_factory=list)  # what composing it had to say (shown with the plan)
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -701,7 +700,7 @@ def make_plan(config: PlanConfig) -> Plan:
     shape = model_shape(model)
     tp = inference.tensor_parallel_size
     refusals = []
-    notes = list(config.notes)
+    notes: list[str] = []
     if shape.heads % tp or (shape.kv_heads % tp and tp % shape.kv_heads):
         refusals.append(
             f"inference.tensor_parallel_size {tp} does not divide {shape.heads} attention heads / "
@@ -841,7 +840,6 @@ def typed_plan_config(cfg: Any) -> PlanConfig:
     raw = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(raw, dict)
     sections: dict[str, Any] = {}
-    notes: list[str] = []
     for name, schema in (
         ("inference", ServerConfig),
         ("learner", LearnerConfig),
@@ -866,7 +864,6 @@ def typed_plan_config(cfg: Any) -> PlanConfig:
         learner=learner,
         cluster=sections["cluster"],
         workload=sections["workload"],
-        notes=notes,
     )
 
 

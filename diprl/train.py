@@ -24,15 +24,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from diprl.console import quiet_libraries, ray_init_options
 from diprl.run.config import CONF_DIR, Config, ConfigError, compose_config
 from diprl.run.driver import Actors, Driver, Stop
 from diprl.run.rundir import NAMESPACE, json_safe, load_counters, prepare_run_dir, run_namespace, serve_app_name
-
-if TYPE_CHECKING:
-    pass
 
 LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
 

@@ -1076,10 +1076,6 @@ def _cpu(tree: Any) -> Any:
     return tree
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
 def _quarantine_entry(reason: str, error: str, origin: Origin, record: Any) -> dict[str, Any]:
     """One quarantine line: why, where the record came from, and the record itself (so nothing is lost)."""
     return {"reason": reason, "error": error[:1000], **asdict(origin), "record": _plain(record)}

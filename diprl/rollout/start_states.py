@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,8 +125,3 @@ def load_or_build(recipe: StartStateRecipe | None = None, root: Path | None = No
     store = build(recipe)
     write_file_atomic(path, store.to_json())
     return store
-
-
-def coverage(store: StartStates) -> dict[int, Sequence[str]]:
-    """Phase types present for each year (what tests and the README check)."""
-    return {year: sorted(kinds) for year, kinds in sorted(store.by_year.items())}
