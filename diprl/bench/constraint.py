@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
 
-    from diprl.policy.tokenizer import load_tokenizer
+    from diprl.policy.tokenizer import QWEN3_PADDED_VOCAB, load_tokenizer
     from diprl.policy.vocab import token_table
 
     states = mid_game_states(args.states, seed=args.seed)
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     units = statistics.fmean(len(lo.locs) for lo in legals)
     orders = statistics.fmean(lo.num_orders() for lo in legals)
     start = time.perf_counter()
-    table = token_table(load_tokenizer(), 151936)
+    table = token_table(load_tokenizer(), QWEN3_PADDED_VOCAB)
     print(f"constraint benchmark: {len(legals)} movement states with 8+ units", end=" ")
     print(f"(mean {units:.1f} units, {orders:.0f} legal orders)")
     seconds = time.perf_counter() - start

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from diprl.messages import Generation, GenerationRequest
 from diprl.policy.models import TinyModelSpec, TokenizerKind
+from diprl.policy.tokenizer import QWEN3_PADDED_VOCAB
 
 BATCHES = (4, 16, 64)
 
@@ -41,7 +42,10 @@ def tiny_pair() -> list[Candidate]:
     """The `tiny` body with Qwen's vocabulary and with the compact one (the issue's comparison)."""
     body = TinyModelSpec()
     return [
-        Candidate("tiny body, Qwen vocab 151936", TinyModelSpec(vocab_size=151936, tokenizer=TokenizerKind.qwen3)),
+        Candidate(
+            f"tiny body, Qwen vocab {QWEN3_PADDED_VOCAB}",
+            TinyModelSpec(vocab_size=QWEN3_PADDED_VOCAB, tokenizer=TokenizerKind.qwen3),
+        ),
         Candidate(f"tiny body, compact vocab {body.vocab_size}", body),
     ]
 

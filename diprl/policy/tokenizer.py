@@ -83,7 +83,10 @@ decoded text, exactly as with the hub tokenizer. All 26 are still matched whole,
 """
 
 QWEN3_VOCAB_LEN = FIRST_ADDED_ID + len(QWEN3_ADDED_TOKENS)
-"""151,669 tokens; Qwen3 checkpoints pad their embedding matrix further, to 151,936 rows."""
+"""151,669 tokens; Qwen3 checkpoints pad their embedding matrix further, to `QWEN3_PADDED_VOCAB` rows."""
+
+QWEN3_PADDED_VOCAB = 151936
+"""Rows of a Qwen3 checkpoint's embedding and LM head: the logits width of Qwen's vocabulary."""
 
 MODEL_MAX_LENGTH = 131072
 
