@@ -3,8 +3,6 @@ completely) and an SVG of any phase through the engine's renderer."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from diplomacy import Game
@@ -36,13 +34,6 @@ def to_saved_game(game: DiplomacyGame, game_id: str = "diprl") -> dict[str, Any]
     phases = [_phase_dict(r.name, r.state, r.orders, r.results, engine.map_name, rules, game_id) for r in game.history]
     phases.append(_phase_dict(game.phase, engine.get_state(), {}, {}, engine.map_name, rules, game_id))
     return {"id": game_id, "map": engine.map_name, "rules": rules, "phases": phases}
-
-
-def write_saved_game(game: DiplomacyGame, path: str | Path, game_id: str = "diprl") -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_saved_game(game, game_id)))
-    return path
 
 
 def render_svg(game: DiplomacyGame, phase: str | None = None, incl_orders: bool = True) -> str:

@@ -93,9 +93,6 @@ class LearnerRank:
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.learner, method)(*args)
 
-    def pid_of(self) -> int:
-        return os.getpid()
-
 
 class LearnerGroup:
     """The ranks of one policy's learner and their intake (see the module doc). Made by `learner_actor`."""
@@ -340,11 +337,6 @@ class LearnerGroup:
 
     def pid_of(self) -> int:
         return os.getpid()
-
-    def rank_pids(self) -> list[int]:
-        import ray
-
-        return [int(p) for p in ray.get([actor.pid_of.remote() for actor in self.ranks])]
 
     def state(self) -> dict[str, Any]:
         import ray

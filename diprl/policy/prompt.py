@@ -53,20 +53,6 @@ class NothingToOrderError(ValueError):
     """Raised when a prompt is asked for a power that has nothing to order this phase."""
 
 
-class PromptTooLongError(ValueError):
-    """Raised when a prompt exceeds its token budget: a silent truncation would cut the board."""
-
-    def __init__(self, power: str, phase: str, n_tokens: int, max_tokens: int) -> None:
-        super().__init__(
-            f"prompt for {power} at {phase} has {n_tokens} tokens, over the budget of {max_tokens} "
-            f"(by {n_tokens - max_tokens})"
-        )
-        self.power = power
-        self.phase = phase
-        self.n_tokens = n_tokens
-        self.max_tokens = max_tokens
-
-
 class TextEncoder(Protocol):
     """The one tokenizer method counting needs; a Hugging Face tokenizer satisfies it."""
 
@@ -191,18 +177,6 @@ def build_prompt(game: DiplomacyGame, power: str, options: PromptOptions = DEFAU
 
 def count_tokens(tokenizer: TextEncoder, text: str) -> int:
     return len(tokenizer.encode(text))
-
-
-def check_budget(prompt: Prompt, tokenizer: TextEncoder, max_tokens: int) -> int:
-    """Return the prompt's token count, or fail loudly when it is over `max_tokens`.
-
-    Callers pass `PromptOptions.max_prompt_tokens`; the check is separate from `build_prompt` so
-    building stays tokenizer-free and cheap.
-    """
-    n = count_tokens(tokenizer, prompt.text)
-    if n > max_tokens:
-        raise PromptTooLongError(prompt.power, prompt.phase, n, max_tokens)
-    return n
 
 
 SECTIONS = ("rules", "board", "power_part", "total")

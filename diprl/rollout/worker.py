@@ -324,11 +324,6 @@ class RolloutWorker:
         write_file_atomic(path, json.dumps(trace).encode())
         return str(path)
 
-    def lockstep_stats(self) -> dict[str, float]:
-        """Policy calls, requests (their mean is the batch the PolicyServer saw from here) and phases."""
-        s = self.stats
-        return {"calls": s.calls, "requests": s.requests, "phases": s.phases, "mean_batch": s.mean_batch}
-
     def pid_of(self) -> int:
         return self.pid
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from diplomacy.utils.export import from_saved_game_format
 
 from diprl.game import DiplomacyGame, IssueKind
 from diprl.game.board_text import board_text, last_phase_text, phase_title
-from diprl.game.replay import render_svg, to_saved_game, write_saved_game
+from diprl.game.replay import render_svg, to_saved_game
 
 from .positions import POWERS, burgundy_retreat
 
@@ -105,14 +104,6 @@ def test_saved_game_of_a_fork_is_complete() -> None:
     assert sorted(loaded.get_power("FRANCE").units) == ["A BRE", "A PAR"]
     assert len(loaded.state_history) == 4
     assert len(to_saved_game(parent)["phases"]) == 4  # the parent's export did not grow
-
-
-def test_write_saved_game(tmp_path: Path) -> None:
-    game = _played()
-    path = write_saved_game(game, tmp_path / "replays" / "g.json")
-    saved = json.loads(path.read_text())
-    assert [p["name"] for p in saved["phases"]] == ["S1901M", "S1901R", "F1901M", "F1901R"]
-    assert from_saved_game_format(saved).get_current_phase() == "F1901R"
 
 
 def test_render_svg() -> None:

@@ -121,6 +121,16 @@ def group(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         yield actor, queue, root
 
 
+def _rank_pids(actor: Any) -> list[int]:
+    """The process ids of a learner group's ranks (asked of each rank through the group, which holds them)."""
+    import ray
+
+    def pids(group: Any) -> list[int]:
+        return [int(p) for p in ray.get([r.__ray_call__.remote(lambda _: os.getpid()) for r in group.ranks])]
+
+    return list(ray.get(actor.__ray_call__.remote(pids)))
+
+
 def _step(actor: Any, queue: Any, batch: list[TrajectoryGroup], kill: int | None = None, root: Path = Path()) -> Any:
     """Queue the batch (on the group's current version) and train it; `kill`: that rank is killed mid-step."""
     import ray
@@ -128,7 +138,7 @@ def _step(actor: Any, queue: Any, batch: list[TrajectoryGroup], kill: int | None
     version = ray.get(actor.latest_version.remote())
     for g in batch:
         queue.put(_on(g, version))
-    pids = ray.get(actor.rank_pids.remote()) if kill is not None else []
+    pids = _rank_pids(actor) if kill is not None else []
     ref = actor.train_next.remote(30.0)
     if kill is not None:
         pending = root / "run" / "learner" / "main" / "pending.json"
@@ -181,7 +191,7 @@ def test_a_lost_rank_restarts_the_group_from_its_checkpoint_and_no_step_is_lost_
     from diprl.learn.model import build_peft_model
 
     like = build_peft_model(load_preset("tiny"), CONFIG)
-    before = ray.get(actor.rank_pids.remote())
+    before = _rank_pids(actor)
     os.kill(before[1], signal.SIGKILL)  # between steps
     report = _step(actor, queue, batches[2])
     assert report.step == 3 and report.trained
@@ -189,7 +199,7 @@ def test_a_lost_rank_restarts_the_group_from_its_checkpoint_and_no_step_is_lost_
     assert [(f["rank"], f["cause"], f["restored_step"], f["replayed_step"]) for f in restarts] == [
         (1, "rank_lost", 2, 3)
     ]
-    after = ray.get(actor.rank_pids.remote())
+    after = _rank_pids(actor)
     assert not set(after) & set(before)  # every rank is a fresh process
 
     report = _step(actor, queue, batches[3], kill=0, root=root)  # rank 0, the writer, during a step

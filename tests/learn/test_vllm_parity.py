@@ -14,7 +14,7 @@ from diprl.game import DiplomacyGame
 from diprl.inference.config import ServerConfig
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
-from diprl.learn.model import zero_lora_b_state
+from diprl.learn.model import lora_state
 from diprl.messages import TrainingRecord
 from diprl.policy.models import ModelSource, TinyModelSpec, TokenizerKind, load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
@@ -22,6 +22,11 @@ from diprl.policy.tokenizer import load_tokenizer
 from tests.inference.lora_fixtures import serve_in_process
 
 from .groups import make_group, on_policy
+
+
+def zero_lora_b_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA weights of the base model: current A, B = 0 (the adapter then adds nothing)."""
+    return {n: (torch.zeros_like(t) if "lora_B" in n else t) for n, t in lora_state(model).items()}
 
 
 @pytest.mark.parametrize("vocabulary", ["compact", "qwen3"])

@@ -78,9 +78,10 @@ def test_two_workers_produce_well_formed_groups_with_stratified_heroes(
     assert len(lines) == 3 * sum(1 for r in reports if r.results)
     traces = sorted((tmp_path / "traces").glob("*.json"))
     assert traces and [str(p) for p in traces] == sorted(r.trace for r in reports if r.trace)
-    # Every worker played its matches in lockstep: one call per phase held several matches' seats.
-    stats = ray.get([w.lockstep_stats.remote() for w in runner.workers])
-    assert max(s["mean_batch"] for s in stats) > 3
+    # Every worker played its matches in lockstep: one call per phase held several matches' seats (the mean
+    # requests per policy call is the batch the PolicyServer saw from that worker).
+    mean_batches = ray.get([w.__ray_call__.remote(lambda worker: worker.stats.mean_batch) for w in runner.workers])
+    assert max(mean_batches) > 3
 
 
 def test_a_worker_killed_mid_rollout_loses_and_duplicates_nothing(ray_cluster: None, tmp_path: Path) -> None:
