@@ -22,6 +22,7 @@ from diprl.policy.prompt import (
     build_prompt,
     prompt_token_report,
 )
+from diprl.policy.tokenizer import load_tokenizer
 
 from .states import random_step
 
@@ -37,23 +38,16 @@ class WhitespaceTokenizer:
 
 @lru_cache(maxsize=1)
 def real_tokenizer() -> Any:
-    """The Qwen tokenizer from `diprl.policy.tokenizer` (built offline), or None where that module is missing."""
-    try:
-        from diprl.policy.tokenizer import load_tokenizer
-    except ImportError:
-        return None
+    """The Qwen tokenizer from `diprl.policy.tokenizer` (built offline, cached)."""
     return load_tokenizer()
 
 
 @pytest.fixture(params=["whitespace", "qwen"])
 def tokenizer(request: pytest.FixtureRequest) -> Any:
-    """Every token test runs on a stand-in and, when available, on the real Qwen vocabulary."""
+    """Every token test runs on a stand-in and on the real Qwen vocabulary."""
     if request.param == "whitespace":
         return WhitespaceTokenizer()
-    qwen = real_tokenizer()
-    if qwen is None:
-        pytest.skip("diprl.policy.tokenizer is not available")
-    return qwen
+    return real_tokenizer()
 
 
 @lru_cache(maxsize=1)
@@ -327,8 +321,6 @@ def test_token_report(tokenizer: Any) -> None:
 def test_qwen_prefix_tokens_are_shared_and_prompts_fit_the_budget() -> None:
     """Prefix caching works on token ids: the shared text must tokenize to a prefix of every prompt."""
     tokenizer = real_tokenizer()
-    if tokenizer is None:
-        pytest.skip("diprl.policy.tokenizer is not available")
     budget = PromptOptions().max_prompt_tokens
     assert len(tokenizer.encode(RULES)) <= 250
     for kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT, PhaseKind.BUILD):
