@@ -31,45 +31,50 @@ class RandomBot(SeededAgent):
         return random_power_orders(legal, self.rng)
 
 
-class HoldBot(RandomBot):
-    """Holds every unit; retreats rather than disbands; builds and disbands at random."""
-
-    name = "hold"
-
-    def orders(self, game: DiplomacyGame, power: str) -> list[str]:
-        legal = game.legal_orders(power)
-        if legal.kind is PhaseKind.MOVEMENT:
-            return [legal.default_order(loc) for loc in legal.locs]
-        return self.retreats_or_adjustments(legal)
-
-
-class ChaosBot(RandomBot):
-    """Prefers moves: each unit moves to a random neighbour nine times in ten."""
-
-    name = "chaos"
-    move_probability = 0.9
-
-    def orders(self, game: DiplomacyGame, power: str) -> list[str]:
-        legal = game.legal_orders(power)
-        if legal.kind is PhaseKind.MOVEMENT:
-            out = []
-            for orders in legal.by_loc.values():
-                moves = _of_kind(orders, MOVE)
-                pool = moves if moves and self.rng.random() < self.move_probability else list(orders)
-                out.append(self.rng.choice(pool))
-            return out
-        return self.retreats_or_adjustments(legal)
-
-
-class TerritorialBot(RandomBot):
-    """Heads for the nearest centre it does not own; never sends two units to one province."""
-
-    name = "territorial"
+class StyleBot(RandomBot):
+    """A bot whose style is in its movement orders (`movement`); it retreats rather than disbands and
+    builds and disbands at random (`retreats_or_adjustments`)."""
 
     def orders(self, game: DiplomacyGame, power: str) -> list[str]:
         legal = game.legal_orders(power)
         if legal.kind is not PhaseKind.MOVEMENT:
             return self.retreats_or_adjustments(legal)
+        return self.movement(game, power, legal)
+
+    def movement(self, game: DiplomacyGame, power: str, legal: PowerOrders) -> list[str]:
+        raise NotImplementedError
+
+
+class HoldBot(StyleBot):
+    """Holds every unit; retreats rather than disbands; builds and disbands at random."""
+
+    name = "hold"
+
+    def movement(self, game: DiplomacyGame, power: str, legal: PowerOrders) -> list[str]:
+        return [legal.default_order(loc) for loc in legal.locs]
+
+
+class ChaosBot(StyleBot):
+    """Prefers moves: each unit moves to a random neighbour nine times in ten."""
+
+    name = "chaos"
+    move_probability = 0.9
+
+    def movement(self, game: DiplomacyGame, power: str, legal: PowerOrders) -> list[str]:
+        out = []
+        for orders in legal.by_loc.values():
+            moves = _of_kind(orders, MOVE)
+            pool = moves if moves and self.rng.random() < self.move_probability else list(orders)
+            out.append(self.rng.choice(pool))
+        return out
+
+
+class TerritorialBot(StyleBot):
+    """Heads for the nearest centre it does not own; never sends two units to one province."""
+
+    name = "territorial"
+
+    def movement(self, game: DiplomacyGame, power: str, legal: PowerOrders) -> list[str]:
         graph = map_graph(game.engine.map_name)
         targets = frozenset(graph.supply_centres - set(game.centres(power)))
         claimed: set[str] = set()
@@ -99,15 +104,12 @@ class TerritorialBot(RandomBot):
         return out
 
 
-class DefensiveBot(RandomBot):
+class DefensiveBot(StyleBot):
     """Guards its own centres: units on centres hold, others support them or step onto empty ones."""
 
     name = "defensive"
 
-    def orders(self, game: DiplomacyGame, power: str) -> list[str]:
-        legal = game.legal_orders(power)
-        if legal.kind is not PhaseKind.MOVEMENT:
-            return self.retreats_or_adjustments(legal)
+    def movement(self, game: DiplomacyGame, power: str, legal: PowerOrders) -> list[str]:
         mine = set(game.centres(power))
         my_units = {u[2:5]: u for u in game.units(power)}
         empty_own = mine - set(my_units)
