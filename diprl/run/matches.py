@@ -29,30 +29,26 @@ class _Playing:
     attempt: int
 
 
+@dataclass(eq=False)
 class MatchScheduler:
-    def __init__(
-        self,
-        league: Any,
-        workers: list[Any],
-        per_worker: int,
-        policies: list[str],
-        retries: int,
-        journal: Journal,
-        counters: Counters,
-    ) -> None:
-        self.league = league
-        self.workers = workers
-        self.per_worker = per_worker
-        self.policies = policies
-        self.retries = retries
-        self.journal = journal
-        self.counters = counters
+    """Keeps `per_worker` matches in flight on each worker (see the module doc); a failed call is replayed up
+    to `retries` times."""
+
+    league: Any
+    workers: list[Any]
+    per_worker: int
+    policies: list[str]
+    retries: int
+    journal: Journal
+    counters: Counters
+
+    def __post_init__(self) -> None:
         self.playing: dict[Any, _Playing] = {}
         # Matches in a row whose every LLM request failed; a whole round of every worker's matches, twice
         # over, ends the run: played on with holds it would only produce nothing to train on.
         self.failing = 0
-        self.failing_limit = max(4, 2 * per_worker * len(workers))
-        self.load = [0] * len(workers)
+        self.failing_limit = max(4, 2 * self.per_worker * len(self.workers))
+        self.load = [0] * len(self.workers)
         self._turn = 0
 
     def fill(self) -> None:
