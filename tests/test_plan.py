@@ -111,19 +111,19 @@ def test_the_qwen3_shapes_give_the_published_parameter_counts() -> None:
 
 
 def test_model_shape_reads_a_tiny_spec_a_checkpoint_or_the_known_table(tmp_path: Path) -> None:
-    from diprl.policy.models import BUILTIN_PRESETS
+    from diprl.policy.models import load_preset
 
-    tiny = plan.model_shape(BUILTIN_PRESETS["tiny"])
+    tiny = plan.model_shape(load_preset("tiny"))
     assert (tiny.hidden, tiny.layers, tiny.vocab, tiny.tied_embeddings) == (64, 2, 1024, True)
-    assert plan.model_shape(BUILTIN_PRESETS["qwen3_14b"]) == plan.KNOWN_SHAPES["Qwen/Qwen3-14B"]
+    assert plan.model_shape(load_preset("qwen3_14b")) == plan.KNOWN_SHAPES["Qwen/Qwen3-14B"]
     (tmp_path / "config.json").write_text(
         '{"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, '
         '"num_key_value_heads": 1, "head_dim": 4, "vocab_size": 10, "tie_word_embeddings": true}'
     )
-    local = replace(BUILTIN_PRESETS["qwen3_8b"], path=str(tmp_path))
+    local = replace(load_preset("qwen3_8b"), path=str(tmp_path))
     assert plan.model_shape(local) == TINY
     with pytest.raises(plan.PlanError, match="no shape for 'org/unknown'"):
-        plan.model_shape(replace(BUILTIN_PRESETS["qwen3_8b"], path="org/unknown"))
+        plan.model_shape(replace(load_preset("qwen3_8b"), path="org/unknown"))
 
 
 # ------------------------------------------------------------------------------------------ learner memory
