@@ -16,7 +16,8 @@ from typing import Any
 from diprl.game.legal import PowerOrders
 from diprl.policy.parser import ParsedOrders, legal_complete, parse_orders
 
-# Settings every engine here needs: single-process engine core, CPU KV cache size, V1 model runner (docs/policy.md, "The vLLM runner").
+# Settings every engine here needs: single-process engine core, CPU KV cache size, V1 model runner
+# (docs/policy.md, "The vLLM runner").
 ENGINE_ENV = {
     # GPU builds default to Model Runner V2, whose logits-processor interface differs: pin V1.
     "VLLM_USE_V2_MODEL_RUNNER": "0",

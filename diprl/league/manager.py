@@ -216,7 +216,7 @@ class LeagueManager:
         return None
 
     def summary(self) -> dict[str, Any]:
-        """What `league_summary.json` holds (and the web app's league page shows): pool, payoff, ratings, Nash weights, counts.
+        """What `league_summary.json` holds (the web app's league page too): pool, payoff, ratings, Nash, counts.
 
         {"roles": [...], "current": {policy: ref}, "pool": [{"member", "kind", "role", "ref", "rating",
         "mu", "sigma", "nash", "games"}], "payoff": {"members": [...], "win_rate": [[...]], "games": [[...]]},

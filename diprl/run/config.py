@@ -55,7 +55,8 @@ class RolloutConfig:
     match are trained is the league's call (`league.train_seats`: hero | learners).
 
     Sizing: a PolicyServer replica sees up to `num_workers x matches_in_flight x group_size x LLM seats`
-    requests per phase (7 seats in self-play); keep that near its `max_num_seqs` (docs/rollouts.md, "Sizing the rollouts").
+    requests per phase (7 seats in self-play); keep that near its `max_num_seqs` (docs/rollouts.md,
+    "Sizing the rollouts").
     """
 
     num_workers: int = 2  # rollout actors
