@@ -21,7 +21,7 @@ from diprl.league.role_state import VersionDecision
 from diprl.learn.checkpoint import CheckpointDir
 from diprl.messages import StepReport
 from diprl.run.config import ConfigError, compose_config
-from diprl.run.rundir import prepare_run_dir
+from diprl.run.rundir import load_counters, prepare_run_dir
 from diprl.tracking import read_metrics
 from diprl.train import main
 
@@ -248,6 +248,41 @@ def test_a_run_directory_in_use_is_locked_against_a_second_train(tmp_path: Path)
     with prepare_run_dir(config, resolved), pytest.raises(ConfigError, match="in use by another train run"):
         prepare_run_dir(config, resolved)
     prepare_run_dir(config, resolved).release()  # free again once the first one let go
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_symlinked_lock_is_refused_and_nothing_is_written_through_it(tmp_path: Path, resume: bool) -> None:
+    """Found by review (N4): taking a run directory opened `.lock` following links, so a `.lock` planted as a
+    symlink (or a hard link) made the train process truncate and overwrite the file it points at."""
+    run_dir = tmp_path / "run"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    if resume:
+        _new_run(run_dir)
+        (run_dir / ".lock").unlink()
+    else:
+        run_dir.mkdir()
+    (run_dir / ".lock").symlink_to(victim)
+    key = "train.resume" if resume else "train.run_dir"
+    config, resolved = compose_config(["+experiment=smoke", f"{key}={run_dir}"])
+    with pytest.raises(ConfigError, match=r"\.lock is a symbolic link"):
+        prepare_run_dir(config, resolved)
+    assert victim.read_text() == "precious"
+    (run_dir / ".lock").unlink()
+    os.link(victim, run_dir / ".lock")
+    with pytest.raises(ConfigError, match=r"\.lock has 2 links"):
+        prepare_run_dir(config, resolved)
+    assert victim.read_text() == "precious"
+    (run_dir / ".lock").unlink()
+    prepare_run_dir(config, resolved).release()  # a plain lock file is taken as before
+    assert (run_dir / ".lock").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("text", ["{torn", "[" * 100_000 + "]" * 100_000])
+def test_corrupt_driver_counters_are_a_clear_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / "train_state.json").write_text(text)  # N5: nested too deeply was a RecursionError
+    with pytest.raises(ConfigError, match=r"train_state\.json is corrupt"):
+        load_counters(tmp_path)
 
 
 def _learner_steps(run_dir: Path, name: str = "metrics.jsonl") -> list[int]:

@@ -12,15 +12,17 @@ named from the run directory, so two runs on one cluster never find (or replace)
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from diprl.atomic_io import write_file_atomic, write_json_atomic
 from diprl.run.config import Config, ConfigError, typed_config
@@ -86,7 +88,7 @@ class RunDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fh = (path / LOCK_FILE).open("a+")
+        self._fh = _open_lock(path / LOCK_FILE)
         try:
             fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -109,6 +111,32 @@ class RunDir:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _open_lock(lock: Path) -> TextIO:
+    """The lock file, opened for update without following a link: the process writes its pid into it, so a
+    `.lock` planted as a symlink or hard link to another file would have that file truncated and overwritten.
+    A symlink, a hard link or anything but a regular file is refused (`ConfigError`) before a byte is written.
+    """
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ConfigError(
+                f"{lock} is a symbolic link: a run's lock file must be a plain file (it is written), remove the link"
+            ) from None
+        raise ConfigError(f"cannot open the run's lock file {lock} ({err.strerror})") from None
+    info = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(info.st_mode):
+        problem = "is not a regular file"
+    elif info.st_nlink != 1:
+        problem = f"has {info.st_nlink} links (a hard link to another file)"
+    if problem is not None:
+        os.close(fd)
+        raise ConfigError(f"{lock} {problem}: a run's lock file must be a plain file of its own, remove it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+")
 
 
 def prepare_run_dir(config: Config, resolved_yaml: str) -> RunDir:
@@ -232,8 +260,8 @@ def load_counters(run_dir: Path) -> Counters:
         return Counters()
     try:
         return Counters(**json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise ConfigError(f"{path} is corrupt ({exc}); delete it to restart the counters") from exc
+    except (json.JSONDecodeError, TypeError, RecursionError) as exc:
+        raise ConfigError(f"{path} is corrupt ({exc}); delete it to restart the counters") from None
 
 
 def save_counters(run_dir: Path, counters: Counters) -> None:
