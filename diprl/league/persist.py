@@ -56,12 +56,18 @@ def _read(path: Path) -> dict[str, Any]:
         blob = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"unreadable JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError("unreadable JSON (nested too deeply to decode)") from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise ValueError(f"not a {FORMAT} file")
     payload = blob.get("state")
     if not isinstance(payload, str) or _digest(payload) != blob.get("sha256"):
         raise ValueError("checksum mismatch (truncated or altered)")
-    state = json.loads(payload)
+    try:
+        state = json.loads(payload)
+    except (json.JSONDecodeError, RecursionError) as exc:  # a checksum made to match a forged payload
+        why = "nested too deeply to decode" if isinstance(exc, RecursionError) else str(exc)
+        raise ValueError(f"unreadable state ({why})") from None
     if not isinstance(state, dict):
         raise ValueError("state is not a mapping")
     return state

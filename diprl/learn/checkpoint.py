@@ -8,7 +8,10 @@ checkpoints or the new complete one.
 
 Reading trusts nothing but the manifest: every file present must be listed in it, every entry must
 be a plain relative path inside the checkpoint (no `..`, no absolute path, no symlink anywhere), and
-every file must match its size and hash. The newest checkpoint that verifies wins; each one skipped
+every file must match its size and hash, and every state file pair (`<name>.json` beside
+`<name>.safetensors`, see `state_files`) must decode, checked without reading its tensors, so a
+forged one (nested too deeply, a dangling reference) is a bad checkpoint rather than a failed restore.
+The newest checkpoint that verifies wins; each one skipped
 is reported with the reason, naming the file. Checkpoints of the first format (pickled `.pt` files,
 which could run code when loaded) are refused, never read.
 """
@@ -69,6 +72,23 @@ def _walk(directory: Path) -> list[str]:
             elif not stat.S_ISDIR(mode):
                 raise CorruptCheckpoint(f"{directory}: {rel} is not a regular file")
     return sorted(out)
+
+
+def _check_state_files(path: Path, listed: Iterable[str]) -> None:
+    """Every state file pair in the checkpoint decodes (`state_files.check_state`); `CorruptCheckpoint` if not."""
+    names = set(listed)
+    pairs = sorted(
+        rel[: -len(".json")] for rel in names if rel.endswith(".json") and f"{rel[:-5]}.safetensors" in names
+    )
+    if not pairs:
+        return
+    from diprl.learn.state_files import StateFileError, check_state
+
+    for rel in pairs:
+        try:
+            check_state(path, rel)
+        except StateFileError as err:
+            raise CorruptCheckpoint(f"{path}: a bad state file: {err}") from None
 
 
 def _fsync_files(directory: Path, files: Iterable[str]) -> None:
@@ -176,6 +196,8 @@ class CheckpointDir:
             raise CorruptCheckpoint(f"{path}: no {MANIFEST} (a partial write)") from None
         except (OSError, ValueError) as err:
             raise CorruptCheckpoint(f"{path}: unreadable {MANIFEST} ({err})") from None
+        except RecursionError:
+            raise CorruptCheckpoint(f"{path}: unreadable {MANIFEST} (nested too deeply to decode)") from None
         if isinstance(manifest, dict) and (
             manifest.get("format") == PICKLED_FORMAT or "learner_state.pt" in (manifest.get("files") or {})
         ):
@@ -218,6 +240,7 @@ class CheckpointDir:
                 raise CorruptCheckpoint(f"{path}: {rel} has {size} bytes, the manifest says {meta.get('size')}")
             if sha256_file(file) != meta["sha256"]:
                 raise CorruptCheckpoint(f"{path}: {rel} does not match the SHA-256 in the manifest")
+        _check_state_files(path, listed)
         return Checkpoint(path, int(manifest["step"]), dict(manifest.get("meta") or {}))
 
     def newest_good(self) -> Restored:

@@ -135,7 +135,7 @@ class GroupIntake:
             data = json.loads(self.pending_path.read_text())
             groups = [group_from_dict(g) for g in data["groups"]]
             for_step = int(data["for_step"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             log.warning("unreadable pending batch %s (%s): dropped", self.pending_path, exc)
             self.release()
             return None

@@ -168,6 +168,25 @@ def test_corrupt_state_falls_back_to_the_previous_good_copy(tmp_path: Path, capl
         LeagueManager(LeagueConfig(), tmp_path)
 
 
+def test_a_deeply_nested_state_falls_back_to_the_previous_good_copy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by review (N5): a state file nested deeply (its checksum made to match) escaped the league's
+    restore as a `RecursionError` instead of being refused for the previous good copy."""
+    import hashlib
+
+    manager = league(tmp_path)
+    manager.report(hero_wins(manager.next_match("main")))
+    manager.next_match("main")  # state.prev.json now holds the state after the report
+    payload = '{"roles": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    blob = {"format": "diprl-league/1", "sha256": hashlib.sha256(payload.encode()).hexdigest(), "state": payload}
+    (tmp_path / "league" / STATE_FILE).write_text(json.dumps(blob))
+    with caplog.at_level(logging.ERROR, logger="diprl.league.persist"):
+        restored = LeagueManager(LeagueConfig(), tmp_path)
+    assert "nested" in caplog.text
+    assert restored.summary()["reported"]["matches"] == 1
+
+
 def test_unknown_refs_and_bad_options_are_clear_errors(tmp_path: Path) -> None:
     manager = league(tmp_path)
     with pytest.raises(UnknownPolicyRef, match="not a trained role"):

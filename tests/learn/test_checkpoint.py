@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from diprl.atomic_io import sha256_file
 from diprl.learn.checkpoint import CheckpointDir, CorruptCheckpoint
@@ -161,3 +162,45 @@ def test_the_manifest_is_fsynced_before_the_checkpoint_is_renamed_into_place(
     monkeypatch.setattr(os, "rename", rename)
     CheckpointDir(tmp_path / "main").save(1, _writer(b"\x01" * 100), {})
     assert synced[-1] == (tmp_path / "main").stat().st_ino  # the rename itself is flushed last
+
+
+def _state_writer(value: int):  # type: ignore[no-untyped-def]
+    def write(tmp: Path) -> None:
+        from diprl.learn.state_files import write_state
+
+        write_state(tmp, "learner", {"step": value, "w": torch.full((2,), float(value))})
+
+    return write
+
+
+def _nest_deeply(path: Path, rel: str, depth: int) -> None:
+    """Nest `rel`'s `step` value `depth` levels deep and rewrite the manifest to match (as a forger would)."""
+    file = path / rel
+    file.write_text(file.read_text().replace('"step": 2', '"step": ' + "[" * depth + "2" + "]" * depth))
+    _relist(path, lambda files: files.update({rel: _entry(file)}))
+
+
+@pytest.mark.parametrize("depth", [600, 100_000])
+def test_a_deeply_nested_state_file_is_refused_and_the_previous_checkpoint_restored(tmp_path: Path, depth: int) -> None:
+    """Found by review (N5): a state file nested a few hundred levels deep (its manifest rewritten to match)
+    verified, then escaped the restore as a `RecursionError`; it is a bad checkpoint, and the one before
+    it is restored."""
+    ckpts = CheckpointDir(tmp_path / "main", required=["learner.json", "learner.safetensors"])
+    ckpts.save(1, _state_writer(1), {})
+    newest = ckpts.save(2, _state_writer(2), {})
+    _nest_deeply(newest, "learner.json", depth)
+    with pytest.raises(CorruptCheckpoint, match=r"learner\.json.*nested"):
+        ckpts.verify(newest)
+    restored = ckpts.newest_good()
+    assert restored.checkpoint is not None and restored.checkpoint.step == 1
+    assert restored.skipped[0][0] == newest and "nested" in restored.skipped[0][1]
+
+
+def test_a_deeply_nested_manifest_is_refused_and_the_previous_checkpoint_restored(tmp_path: Path) -> None:
+    ckpts = CheckpointDir(tmp_path / "main")
+    ckpts.save(1, _writer(b"\x01" * 100), {})
+    newest = ckpts.save(2, _writer(b"\x02" * 100), {})
+    (newest / "MANIFEST.json").write_text('{"format": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    restored = ckpts.newest_good()
+    assert restored.checkpoint is not None and restored.checkpoint.step == 1
+    assert "MANIFEST.json" in restored.skipped[0][1]

@@ -86,10 +86,11 @@ def test_the_batch_in_flight_survives_a_restart_unless_its_step_was_checkpointed
     assert intake.pending(restored_step=0) is None
 
 
+@pytest.mark.parametrize("text", ["{torn", "[" * 100_000 + "]" * 100_000])  # torn; nested too deeply (N5)
 def test_an_unreadable_pending_batch_is_dropped_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str
 ) -> None:
-    (tmp_path / "pending.json").write_text("{torn")
+    (tmp_path / "pending.json").write_text(text)
     assert GroupIntake(None, tmp_path, 4, 8).pending(restored_step=0) is None
     assert "unreadable pending batch" in caplog.text
     with pytest.raises(RuntimeError, match="no queue"):

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from diprl.learn.state_files import StateFileError, read_state, state_paths, write_state
+from diprl.learn.state_files import (
+    StateFileError,
+    read_state,
+    state_bytes,
+    state_from_bytes,
+    state_paths,
+    write_state,
+)
 from diprl.learn.train_state import restore_rng_state, rng_state
 
 
@@ -111,3 +118,31 @@ def test_rng_states_round_trip_through_the_files(tmp_path: Path) -> None:
     restore_rng_state(read_state(tmp_path, "rng"))
     again = (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.rand(), torch.rand(3))
     assert expected[:4] == again[:4] and torch.equal(expected[4], again[4])
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [600, 100_000])  # decodes as JSON but not as a tree; not even as JSON
+def test_a_deeply_nested_state_is_refused_as_a_bad_state_file_not_a_recursion_error(tmp_path: Path, depth: int) -> None:
+    """Found by review (N5): a state file nested a few hundred levels deep escaped the restore as a
+    `RecursionError` (from `json.loads` or from decoding the tree) instead of a refused state file."""
+    write_state(tmp_path, "s", {"w": torch.ones(2), "n": 1})
+    json_path, _ = state_paths(tmp_path, "s")
+    json_path.write_text(json_path.read_text().replace('"n": 1', f'"n": {_nested(depth)}'))
+    with pytest.raises(StateFileError, match=r"s\.json: .*nested"):
+        read_state(tmp_path, "s")
+    data = state_bytes({"n": 1})
+    skeleton = data[8 : 8 + int.from_bytes(data[:8], "little")].replace(b'"n": 1', f'"n": {_nested(depth)}'.encode())
+    forged = len(skeleton).to_bytes(8, "little") + skeleton + data[8 + int.from_bytes(data[:8], "little") :]
+    with pytest.raises(StateFileError, match="nested"):
+        state_from_bytes(forged)
+
+
+def test_a_state_nested_deeper_than_a_reader_takes_is_refused_on_write(tmp_path: Path) -> None:
+    tree: Any = 1
+    for _ in range(200):
+        tree = [tree]
+    with pytest.raises(ValueError, match="nested"):
+        write_state(tmp_path, "s", {"deep": tree})
