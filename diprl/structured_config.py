@@ -137,3 +137,24 @@ def read_command_line(
     except (ValueError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def run_command(
+    prog: str,
+    usage: str | None,
+    argv: Sequence[str] | None,
+    options: Callable[[], list[str]],
+    load: Callable[[list[str]], T],
+    report: Callable[[T], list[str]],
+) -> int:
+    """A `key=value` command end to end: its options read as `read_command_line` reads them (help, and one
+    line for a mistake), library logs quieted unless the config says `verbose`, then `report(config)` run
+    and its lines printed. 0 after a run."""
+    from diprl.console import quiet_libraries
+
+    config = read_command_line(prog, usage, argv, options, load)
+    if isinstance(config, int):
+        return config
+    quiet_libraries(bool(getattr(config, "verbose", False)))
+    print("\n".join(report(config)))
+    return 0

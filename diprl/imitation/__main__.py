@@ -13,24 +13,26 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from diprl.imitation.config import ImitateConfig
 
 PROG = "python -m diprl.imitation"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: 0 after the run or `--help`, 2 after a bad option (said on stderr)."""
-    from diprl.console import quiet_libraries
     from diprl.imitation.config import load_imitate_config, option_help
-    from diprl.structured_config import read_command_line
+    from diprl.structured_config import run_command
 
-    config = read_command_line(PROG, __doc__, argv, option_help, load_imitate_config)
-    if isinstance(config, int):
-        return config
-    quiet_libraries(config.verbose)
+    return run_command(PROG, __doc__, argv, option_help, load_imitate_config, _run)
+
+
+def _run(config: ImitateConfig) -> list[str]:
     from diprl.imitation.run import run, summary_lines
 
-    print("\n".join(summary_lines(run(config))))
-    return 0
+    return summary_lines(run(config))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diprl.console import bar_enabled, progress_bar
 from diprl.imitation.agreement import Agreement, evaluate_agreement
@@ -22,6 +22,9 @@ from diprl.imitation.data import TeacherData
 from diprl.imitation.shards import cached_teacher_data
 from diprl.imitation.teacher import TeacherError, TeacherExample
 from diprl.imitation.train import planned_steps, train_bc
+
+if TYPE_CHECKING:
+    from diprl.policy.models import ModelPreset
 
 REPORT = "imitate_report.json"
 
@@ -33,20 +36,33 @@ def make_learner(config: ImitateConfig, run_dir: Path) -> Any:
     return Learner(config.learner, run_dir, config.adapter_root)
 
 
-def teacher_data(config: ImitateConfig, cache: Path | None = None) -> tuple[TeacherData, Path, bool]:
-    """The teacher data for the learner's model (played now, or read back from the cache)."""
-    from diprl.policy.models import load_preset, logits_width, resolve_model_path
+def teacher_data(
+    config: ImitateConfig, cache: Path | None = None, preset: ModelPreset | None = None
+) -> tuple[TeacherData, Path, bool]:
+    """The teacher data for the learner's model, or `preset` (played now, or read back from the cache)."""
+    from diprl.policy.models import load_preset, logits_width, preset_tokenizer_path
     from diprl.policy.tokenizer import load_tokenizer
     from diprl.policy.vocab import token_table
 
-    preset = load_preset(config.learner.model)
-    tokenizer = load_tokenizer(resolve_model_path(preset))
+    preset = preset if preset is not None else load_preset(config.learner.model)
+    tokenizer = load_tokenizer(preset_tokenizer_path(preset))
     table = token_table(tokenizer, logits_width(preset))
     with progress_bar(config.data.games, "teacher games", bar_enabled(config.quiet)) as bar:
         data, directory, generated = cached_teacher_data(config.data, tokenizer, table, cache, bar.update)
     if not data.train or not data.heldout:
         raise TeacherError(f"teacher data has {len(data.train)} train and {len(data.heldout)} held-out examples")
     return data, directory, generated
+
+
+def data_report(data: TeacherData, directory: Path, generated: bool) -> dict[str, Any]:
+    """What a report says of its teacher data: where they are, whether played now, their summary and sizes."""
+    return {
+        "data_dir": str(directory),
+        "data_generated": generated,
+        "data": {k: v for k, v in data.summary.items() if k not in ("strata", "config")},
+        "train_examples": len(data.train),
+        "heldout_examples": len(data.heldout),
+    }
 
 
 def published_agreement(config: ImitateConfig, version: str, heldout: list[TeacherExample], learner: Any) -> Agreement:
@@ -112,11 +128,7 @@ def run(config: ImitateConfig, cache: Path | None = None) -> dict[str, Any]:
         "teacher": data.summary.get("teacher"),
         "opponents": data.summary.get("opponents", []),
         "model": config.learner.model,
-        "data_dir": str(data_dir),
-        "data_generated": generated,
-        "data": {k: v for k, v in data.summary.items() if k not in ("strata", "config")},
-        "train_examples": len(data.train),
-        "heldout_examples": len(data.heldout),
+        **data_report(data, data_dir, generated),
         "steps": len(history),
         "records_trained": records,
         "epochs": records / len(data.train),

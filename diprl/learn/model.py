@@ -144,16 +144,13 @@ def read_adapter_dir(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def zero_lora_b_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The LoRA weights of `base`: current A, B = 0 (the adapter then adds nothing)."""
-    return {n: (torch.zeros_like(t) if "lora_B" in n else t) for n, t in lora_state(model).items()}
-
-
 class CompletionHidden(nn.Module):
     """The module DeepSpeed wraps: the PEFT model's backbone, returning only completion-predicting states.
 
     The LM head is applied outside (in chunks, see `completion_logprobs`); it is tied to the
-    embeddings and frozen, so gradients reach the LoRA weights through these hidden states.
+    embeddings and frozen, so gradients reach the LoRA weights through these hidden states. A plain
+    causal LM (no PEFT) is taken too: pretraining (`diprl.imitation.pretrain`) trains every weight,
+    the head included, through the same scoring.
     """
 
     def __init__(self, peft_model: Any) -> None:
@@ -161,8 +158,14 @@ class CompletionHidden(nn.Module):
         self.peft_model = peft_model
 
     @property
+    def causal_lm(self) -> Any:
+        """The transformers model: the PEFT model's (LoRA layers injected), or the plain one given."""
+        get_base = getattr(self.peft_model, "get_base_model", None)
+        return get_base() if get_base is not None else self.peft_model
+
+    @property
     def lm_head_weight(self) -> torch.Tensor:
-        weight: torch.Tensor = self.peft_model.get_base_model().get_output_embeddings().weight
+        weight: torch.Tensor = self.causal_lm.get_output_embeddings().weight
         return weight
 
     def forward(
@@ -174,7 +177,7 @@ class CompletionHidden(nn.Module):
         prefix: PrefixLayout | None = None,
     ) -> torch.Tensor:
         """Padded rows (`attention_mask`), or one packed prefix tree (`prefix`: positions and attention blocks)."""
-        backbone = self.peft_model.get_base_model().model
+        backbone = self.causal_lm.model
         if prefix is None:
             hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
             return hidden[rows, cols]

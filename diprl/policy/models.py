@@ -13,9 +13,8 @@ anywhere.
 Presets are typed dataclasses. The YAML files in `conf/model/` are the editable copies Hydra
 composes (`model=tiny`); they extend the `base_model` schema registered in Hydra's ConfigStore, so a
 typo'd key or a wrong type fails at composition, and `load_preset` applies the same schema when
-read without Hydra. `BUILTIN_PRESETS` holds the same values in Python for code that has no `conf/`
-tree (tests keep the two from drifting). torch and transformers are imported only when a model is
-actually built, so reading a preset stays cheap.
+read without Hydra: the YAML files are the one source of the presets. torch and transformers are
+imported only when a model is actually built, so reading a preset stays cheap.
 """
 
 from __future__ import annotations
@@ -48,8 +47,6 @@ if TYPE_CHECKING:
 TINY_RECIPE_VERSION = 2
 """Bump when `tiny_config` or the saved files change in a way the spec does not show."""
 
-QWEN3_PADDED_VOCAB = 151936
-"""Rows of a Qwen3 checkpoint's embedding (its tokenizer has 151,669 ids)."""
 DTYPES = ("float32", "bfloat16", "float16")
 QWEN3_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 """Every linear layer of a Qwen3 block; the LM head is tied to the embeddings and stays frozen."""
@@ -114,7 +111,9 @@ class LoraSettings:
 class ModelPreset:
     """One base model and its adapter shape.
 
-    `path` is a hub id or a local directory for `hub_or_path`; `tiny` is the spec for `tiny`.
+    `path` is a hub id or a local directory for `hub_or_path`; `tiny` is the spec for `tiny`, whose
+    `path`, when set, names a trained body of that spec (relative paths from the repository root)
+    instead of the seeded random one.
     `max_model_len` bounds prompt + completion for vLLM and the learner alike.
     """
 
@@ -151,54 +150,6 @@ class ModelPreset:
             problems.append("LoRA target_modules is empty")
         if problems:
             raise ValueError(f"model preset {self.name!r}: " + "; ".join(problems))
-
-
-# Dropout 0 everywhere: the learner recomputes logprobs that must match vLLM's behaviour
-# logprobs, and dropout noise would enter the importance ratio.
-BUILTIN_PRESETS: dict[str, ModelPreset] = {
-    "tiny": ModelPreset(
-        name="tiny",
-        source=ModelSource.tiny,
-        dtype="float32",
-        max_model_len=4096,
-        tiny=TinyModelSpec(),
-        lora=LoraSettings(rank=8, alpha=16, dropout=0.0),
-    ),
-    # A wider body on the same compact vocabulary, for machines with more cores (`model=small`); `tiny`
-    # is the embedded default, chosen by measurement (see the README's model presets).
-    "small": ModelPreset(
-        name="small",
-        source=ModelSource.tiny,
-        dtype="float32",
-        max_model_len=4096,
-        tiny=TinyModelSpec(
-            hidden_size=256,
-            intermediate_size=768,
-            num_hidden_layers=4,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            vocab_size=1024,
-        ),
-        lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
-    ),
-    "qwen3_8b": ModelPreset(
-        name="qwen3_8b",
-        source=ModelSource.hub_or_path,
-        path="Qwen/Qwen3-8B",
-        dtype="bfloat16",
-        max_model_len=8192,
-        lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
-    ),
-    "qwen3_14b": ModelPreset(
-        name="qwen3_14b",
-        source=ModelSource.hub_or_path,
-        path="Qwen/Qwen3-14B",
-        dtype="bfloat16",
-        max_model_len=8192,
-        lora=LoraSettings(rank=16, alpha=32, dropout=0.0),
-    ),
-}
-"""The presets of `conf/model/*.yaml`, for code without the conf tree (a test keeps them equal)."""
 
 
 def register_configs() -> None:
@@ -351,7 +302,7 @@ def embedding_std(spec: TinyModelSpec) -> float:
     about 30% of the probability, whatever LoRA learned. The policy stayed near uniform (entropy 1.05 a
     token after 1,000 steps, sampled returns flat). Rows of norm 1 give logits a range of +-sqrt(hidden)
     (+-8 for `tiny`): a trained model can be confident, and at init the logits have a std of about 1 over
-    the vocabulary, as in a pretrained LM (README, "Does it learn?").
+    the vocabulary, as in a pretrained LM (docs/results.md, "What unlocked learning").
     """
     return float(spec.hidden_size) ** -0.5
 
@@ -362,13 +313,21 @@ def tiny_model_dir_name(spec: TinyModelSpec) -> str:
 
 
 def _write_tiny_model(spec: TinyModelSpec, out: Path) -> None:
+    save_tiny_model(create_tiny_model(spec, chat_token_ids(spec_tokenizer_path(spec))), spec, out)
+
+
+def save_tiny_model(model: Qwen3ForCausalLM, spec: TinyModelSpec, out: Path) -> None:
+    """`model` (of `spec`'s shape) as a loadable checkpoint: safetensors, config, generation config, tokenizer.
+
+    The seeded random body and a pretrained one (`diprl.imitation.pretrain`) are written alike, so vLLM,
+    PEFT and the learner load either the same way.
+    """
     import shutil
 
     from transformers import GenerationConfig
 
     tokenizer_dir = spec_tokenizer_path(spec)
     ids = chat_token_ids(tokenizer_dir)
-    model = create_tiny_model(spec, ids)
     model.save_pretrained(out, safe_serialization=True)
     # No sampling defaults: vLLM would adopt them silently as request defaults.
     GenerationConfig(
@@ -404,6 +363,8 @@ def resolve_model_path(preset: ModelPreset) -> Path | str:
     if preset.source is ModelSource.tiny:
         if preset.tiny is None:
             raise ValueError(f"model preset {preset.name!r}: source 'tiny' needs a 'tiny' spec")
+        if preset.path:
+            return pretrained_tiny_dir(preset)
         return build_tiny_model(preset.tiny)
     if not preset.path:
         raise ValueError(f"model preset {preset.name!r}: source 'hub_or_path' needs 'path'")
@@ -425,6 +386,59 @@ def resolve_model_path(preset: ModelPreset) -> Path | str:
             f"Hugging Face cache, and HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')} forbids downloading it. "
             "Set the preset's path to a local checkout, or unset HF_HUB_OFFLINE where the hub is reachable."
         ) from err
+
+
+def preset_tokenizer_path(preset: ModelPreset) -> Path | str:
+    """Where `preset`'s tokenizer is, without building or requiring its weights: a tiny preset's is its
+    spec's (the random body and a pretrained one ship the same files), a real model's is its own."""
+    if preset.tiny is not None:
+        return spec_tokenizer_path(preset.tiny)
+    return resolve_model_path(preset)
+
+
+def repo_path(path: str) -> Path:
+    """`path` as given when absolute, else relative to the repository root (where `conf/` and `zoo/` live),
+    so a preset that names shipped weights resolves the same from any working directory (Ray workers too)."""
+    local = Path(path).expanduser()
+    return local if local.is_absolute() else CONF_DIR.parent / local
+
+
+def pretrained_tiny_dir(preset: ModelPreset) -> Path:
+    """The directory of a tiny preset's trained body (`path`), checked against its spec.
+
+    A tiny preset with a `path` is a body trained on the game (`python -m diprl.imitation.pretrain`)
+    instead of the seeded random one: the spec still says its shape and tokenizer, which every consumer
+    (masks, plan, vocabulary) reads, so weights of another shape are refused here, not deep in vLLM.
+    """
+    import json
+
+    assert preset.tiny is not None and preset.path
+    directory = repo_path(preset.path)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"model preset {preset.name!r}: no trained body at {directory} (config.json missing); "
+            f"build it with `python -m diprl.imitation.pretrain model={preset.name}`"
+        )
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"model preset {preset.name!r}: unreadable {config_file} ({err})") from err
+    spec = preset.tiny
+    expected = {
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+    }
+    wrong = {k: (config.get(k), v) for k, v in expected.items() if config.get(k) != v}
+    if wrong:
+        detail = ", ".join(f"{k} {got} (spec {want})" for k, (got, want) in sorted(wrong.items()))
+        raise ValueError(f"model preset {preset.name!r}: the body at {directory} does not fit its spec: {detail}")
+    return directory
 
 
 def logits_width(preset: ModelPreset) -> int:

@@ -11,7 +11,6 @@ import torch
 
 import diprl.policy.models as models
 from diprl.policy.models import (
-    BUILTIN_PRESETS,
     CONF_DIR,
     ModelPreset,
     ModelSource,
@@ -175,22 +174,21 @@ def test_default_location_is_keyed_by_spec() -> None:
     assert models.tiny_model_dir_name(TinyModelSpec()).startswith("tiny-qwen3-")
 
 
-@pytest.mark.parametrize("name", ["tiny", "small", "qwen3_8b", "qwen3_14b"])
-def test_yaml_presets_load_and_match_builtins(name: str) -> None:
-    preset = load_preset(name)
-    assert preset == BUILTIN_PRESETS[name]
-    assert preset.name == name
-
-
 def test_preset_values() -> None:
-    tiny, q8, q14 = (load_preset(n) for n in ("tiny", "qwen3_8b", "qwen3_14b"))
+    tiny, small, q8, q14 = (load_preset(n) for n in ("tiny", "small", "qwen3_8b", "qwen3_14b"))
+    assert [p.name for p in (tiny, small, q8, q14)] == ["tiny", "small", "qwen3_8b", "qwen3_14b"]
     assert tiny.source is ModelSource.tiny and tiny.dtype == "float32" and tiny.tiny == TinyModelSpec()
     assert (tiny.lora.rank, tiny.lora.alpha, tiny.lora.target_modules) == (8, 16, ALL_LINEAR)
+    assert small.source is ModelSource.tiny and small.dtype == "float32" and small.max_model_len == 4096
+    assert small.tiny == TinyModelSpec(
+        hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4
+    )
+    assert (small.lora.rank, small.lora.alpha, small.lora.dropout) == (16, 32, 0.0)
     for preset, hub_id in ((q8, "Qwen/Qwen3-8B"), (q14, "Qwen/Qwen3-14B")):
         assert preset.source is ModelSource.hub_or_path and preset.path == hub_id and preset.dtype == "bfloat16"
         assert (preset.lora.rank, preset.lora.alpha) == (16, 32)
         assert preset.lora.target_modules == ALL_LINEAR
-    assert known_presets() == ["qwen3_14b", "qwen3_8b", "small", "tiny", "tiny_qwen", "tiny_wide"]
+    assert known_presets() == ["qwen3_14b", "qwen3_8b", "small", "tiny", "tiny_pretrained", "tiny_qwen", "tiny_wide"]
     wide = load_preset("tiny_wide")  # the imitation warm start's: tiny's body and files, rank-32 adapters
     assert (wide.tiny, wide.lora.rank, wide.lora.alpha) == (tiny.tiny, 32, 64)
     assert resolve_model_path(wide) == resolve_model_path(tiny)
@@ -202,7 +200,7 @@ def test_hydra_composes_the_same_presets() -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for name in ("tiny", "qwen3_8b"):
             cfg = compose(config_name=None, overrides=[f"+model={name}"])
-            assert preset_from_config(cfg.model) == BUILTIN_PRESETS[name]
+            assert preset_from_config(cfg.model) == load_preset(name)
         cfg = compose(config_name=None, overrides=["+model=qwen3_8b", "model.path=/data/Qwen3-8B"])
         assert preset_from_config(cfg.model).path == "/data/Qwen3-8B"
         # The base_model schema types the composed node: a wrong type fails at composition.
@@ -237,16 +235,16 @@ def test_bad_yaml_key_and_type_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_resolve_model_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> None:
-    assert resolve_model_path(BUILTIN_PRESETS["tiny"]) == tiny_dir
+    assert resolve_model_path(load_preset("tiny")) == tiny_dir
 
     local = ModelPreset(name="local", source=ModelSource.hub_or_path, path=str(tmp_path))
     assert resolve_model_path(local) == tmp_path
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match=r"qwen3_8b.*HF_HUB_OFFLINE"):
-        resolve_model_path(BUILTIN_PRESETS["qwen3_8b"])
+        resolve_model_path(load_preset("qwen3_8b"))
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    assert resolve_model_path(BUILTIN_PRESETS["qwen3_8b"]) == "Qwen/Qwen3-8B"  # handed to vLLM as a hub id
+    assert resolve_model_path(load_preset("qwen3_8b")) == "Qwen/Qwen3-8B"  # handed to vLLM as a hub id
 
     missing = ModelPreset(name="missing", source=ModelSource.hub_or_path, path=str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
