@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "learning": "diprl.bench.learning",
     "faults": "diprl.bench.faults",
     "experience": "diprl.bench.experience",
+    "strength": "diprl.bench.strength",
 }
 
 

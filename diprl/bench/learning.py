@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from diprl.eval.stats import paired_gain
+
 if TYPE_CHECKING:
     from diprl.eval.config import GamesConfig
 
@@ -66,20 +68,6 @@ def chosen_variants(compare: bool, only: Sequence[str] | None = None) -> tuple[V
             raise ValueError(f"unknown configuration(s) {unknown}; known: {[v.name for v in VARIANTS]}")
         return tuple(v for v in VARIANTS if v.name in only)
     return VARIANTS if compare else (DEFAULT,)
-
-
-def paired_gain(
-    before: Sequence[float], after: Sequence[float], seed: int = 0, n_boot: int = 10_000
-) -> dict[str, float]:
-    """Mean of after - before over paired games, with a percentile bootstrap 95% interval."""
-    a, b = np.asarray(after, dtype=float), np.asarray(before, dtype=float)
-    if a.shape != b.shape or a.size == 0:
-        raise ValueError(f"paired games needed, got {b.size} before and {a.size} after")
-    diff = a - b
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, diff.size, size=(n_boot, diff.size))].mean(axis=1)
-    low, high = np.quantile(means, [0.025, 0.975])
-    return {"gain": float(diff.mean()), "lo": float(low), "hi": float(high)}
 
 
 def _hero_centres(report_path: Path, opponents: str = "bot:random") -> list[float]:
@@ -265,8 +253,8 @@ the first four as from scratch (`conf/experiment/random.yaml`). Forked early onl
 warm start from 8.75 centres to 7.50 [-1.84, -0.62]: by 1902 it already held 5.3 centres (from-scratch
 RL ends near 5.0 there), so the early decisions had little left to teach, while the later years, never
 trained, lost what imitation had taught them (1904: 7.39 centres before, 6.68 after). Forked over 16 phases
-it still lost, less: 8.75 -> 7.80 [-1.43, -0.48] in 30 minutes (README, "Does it learn?": the gain from
-the warm start is the goal not met yet)."""
+it still lost, less: 8.75 -> 7.80 [-1.43, -0.48] in 30 minutes (docs/results.md: the warm
+start's table, 2026-11-29)."""
 
 
 WARM_START_KL_COEF = 0.3
@@ -274,7 +262,7 @@ WARM_START_KL_COEF = 0.3
 reference where the learner started). Without it, 30 minutes lost 0.95 centres: GRPO spread probability away
 from imitation's sharp choices (entropy 0.42 -> 0.51) and the greedy argmax eroded. Anchored at 0.3 the
 entropy stayed at 0.47-0.48, the per-token KL near 0.025, and the greedy policy held: +0.12 [-0.25, +0.52]
-in 43 steps at lr 2e-3 (README, "Does it learn?"). At lr 4e-3 the same penalty did not hold (-1.29)."""
+in 43 steps at lr 2e-3 (docs/results.md, 2026-11-29). At lr 4e-3 the same penalty did not hold (-1.29)."""
 
 
 RECORDS_PER_STEP = 64
@@ -290,7 +278,7 @@ policy this good samples its own choice most of the time: four forks of one deci
 better alternative, so a group's comparison was mostly noise; eight hold one about twice as often. And one
 warmup now serves eight forks instead of four, so the same 30 minutes trained more steps (52 and 47 against
 38). With four forks, four anchored runs gained +0.12 to +0.18 on the bench's 56 games, none measurably;
-with eight, two runs gained +0.46 [+0.05, +0.89] and +0.39 [-0.14, +0.91] (README, "Does it learn?")."""
+with eight, two runs gained +0.46 [+0.05, +0.89] and +0.39 [-0.14, +0.91] (docs/results.md, 2026-11-29)."""
 
 
 WARM_START_EVAL_GAMES = 112
@@ -298,8 +286,8 @@ WARM_START_EVAL_GAMES = 112
 games, the same seeds), before and after. Its gain is a few tenths of a centre where from scratch it is
 several centres, and 56 games resolve about +-0.45 around it: two runs of the eight-fork setting gained
 +0.46 [+0.05, +0.89] and +0.39 [-0.14, +0.91] there. 112 games resolve about +-0.35. Chosen on 2026-11-29,
-before the runs measured with it (the rows evaluated on 112 games afterwards are marked as such in the
-README). The warm start's own evaluation is made before the run (`warm_start_evaluation`), not inside its
+before the runs measured with it (the rows evaluated on 112 games afterwards are marked as such in
+docs/results.md). The warm start's own evaluation is made before the run (`warm_start_evaluation`), not inside its
 30 minutes: evaluated at the run's start, the 112 games shared the 2 cores with training for 7 minutes, and
 the first run so set had taken 17 learner steps in 18 minutes where the 56-game runs had taken 30."""
 

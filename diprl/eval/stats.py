@@ -98,3 +98,18 @@ def mean_summary(values: Sequence[float]) -> dict[str, Any]:
     """A mean as reports carry it: `{mean, ci95}` (seeded percentile bootstrap)."""
     mean, low, high = bootstrap_ci(values, seed=0)
     return {"mean": mean, "ci95": [low, high]}
+
+
+def paired_gain(
+    before: Sequence[float], after: Sequence[float], seed: int = 0, n_boot: int = 10_000
+) -> dict[str, float]:
+    """Mean of after - before over paired games (same seed, same power), with a percentile bootstrap 95%
+    interval over the games: what a paired comparison of two policies, or of one before and after, is."""
+    a, b = np.asarray(after, dtype=float), np.asarray(before, dtype=float)
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"paired games needed, got {b.size} before and {a.size} after")
+    diff = a - b
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, diff.size, size=(n_boot, diff.size))].mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return {"gain": float(diff.mean()), "lo": float(low), "hi": float(high)}

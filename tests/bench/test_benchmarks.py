@@ -33,7 +33,7 @@ def test_constraint_benchmark_model_free_part_runs(capsys: pytest.CaptureFixture
 
 
 def test_learning_gain_is_paired_and_its_interval_brackets_the_mean() -> None:
-    from diprl.bench.learning import paired_gain
+    from diprl.eval.stats import paired_gain
 
     before = [4, 4, 3, 5, 4, 4, 2, 6]
     after = [5, 6, 3, 6, 5, 4, 4, 7]

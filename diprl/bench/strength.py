@@ -1,0 +1,163 @@
+"""`python -m diprl.bench strength [--policy REF]`: does a policy outplay DumbBot in DumbBot's own seats?
+
+Every suite is greedy and seeded, and all of them are played in one run behind one PolicyServer:
+
+1. the policy as hero against six DumbBots, 112 games to the end of 1906 (every power 16 times);
+2. DumbBot as hero in the same seats of the same games (same seeds, same powers, the same six DumbBots);
+3. the policy against six Random bots, the same 112 games;
+4. full games to 1935 against six DumbBots (70 games, every power 10 times): solo, top, survived and
+   eliminated with Wilson intervals, and the sum-of-squares score (centres squared over the board's).
+
+The teacher gap is the mean over the 112 paired games of (policy's centres - DumbBot's centres), with a
+paired-bootstrap 95% interval: both heroes meet the same opponents from the same state and power, so the
+difference is the seat's player, not the draw. The last line is
+`policy_vs_dumbbot=<x> dumbbot_vs_dumbbot=<y> teacher_gap=<x-y> teacher_gap_lo=<lo> policy_vs_random=<z>`.
+An evaluation only: nothing trains here (a zoo entry's manifest names the command that trains it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from diprl.eval.config import EvaluateConfig
+from diprl.eval.stats import paired_gain
+from diprl.eval.suite import SuiteConfig
+
+SEED = 12345
+"""The training runs' evaluation seed (`evaluation.seed`): the first 112 games are the learning bench's."""
+GAMES = 112
+MAX_YEAR = 1906
+FULL_GAMES = 70
+FULL_MAX_YEAR = 1935
+DUMBBOT = "bot:dumbbot"
+RANDOM = "bot:random"
+SUITES = ("policy_vs_dumbbot", "dumbbot_vs_dumbbot", "policy_vs_random", "full_games")
+
+
+def suites(
+    policy: str, games: int = GAMES, full_games: int = FULL_GAMES, temperature: float = 0.0
+) -> list[SuiteConfig]:
+    """The suites in `SUITES` order (the full games left out when `full_games` is 0)."""
+    play = EvaluateConfig(
+        policy=policy, games=games, max_year=MAX_YEAR, seed=SEED, temperature=temperature
+    ).games_config()
+    out = [
+        SuiteConfig(policy=policy, opponents=[DUMBBOT], play=play, label="policy vs 6 DumbBot"),
+        SuiteConfig(policy=DUMBBOT, opponents=[DUMBBOT], play=play, label="DumbBot vs 6 DumbBot"),
+        SuiteConfig(policy=policy, opponents=[RANDOM], play=play, label="policy vs 6 Random"),
+    ]
+    if full_games:
+        full = replace(play, games=full_games, max_year=FULL_MAX_YEAR)
+        out.append(SuiteConfig(policy=policy, opponents=[DUMBBOT], play=full, label="policy vs 6 DumbBot to 1935"))
+    return out
+
+
+def summarize(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The bench's figures from the suites' reports (in `suites` order)."""
+    hero, teacher, random_ = reports[0], reports[1], reports[2]
+    gap = paired_gain(teacher["hero_centres_per_game"], hero["hero_centres_per_game"])
+    per_game = zip(hero["hero_centres_per_game"], teacher["hero_centres_per_game"], strict=True)
+    better = sum(a > b for a, b in per_game)
+    worse = sum(a < b for a, b in zip(hero["hero_centres_per_game"], teacher["hero_centres_per_game"], strict=True))
+    summary: dict[str, Any] = {
+        "policy_vs_dumbbot": hero["hero_mean_sc"],
+        "policy_vs_dumbbot_ci95": hero["hero_centres"]["ci95"],
+        "dumbbot_vs_dumbbot": teacher["hero_mean_sc"],
+        "dumbbot_vs_dumbbot_ci95": teacher["hero_centres"]["ci95"],
+        "teacher_gap": gap["gain"],
+        "teacher_gap_lo": gap["lo"],
+        "teacher_gap_hi": gap["hi"],
+        "games_better": better,
+        "games_worse": worse,
+        "policy_vs_random": random_["hero_mean_sc"],
+        "policy_vs_random_ci95": random_["hero_centres"]["ci95"],
+        "support_rate_vs_dumbbot": hero["behaviour"]["support_rate"],
+        "dumbbot_support_rate": teacher["behaviour"]["support_rate"],
+    }
+    if len(reports) > 3:
+        full = reports[3]
+        summary["full_games"] = {
+            "games": full["games"],
+            "categories": full["categories"],
+            "sum_of_squares": full["hero_sum_of_squares"],
+            "centres": full["hero_centres"],
+        }
+    return summary
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """What the bench prints; the last line is the one the issue names."""
+
+    def ci(key: str) -> str:
+        low, high = summary[f"{key}_ci95"]
+        return f"{summary[key]:.2f} [{low:.2f}, {high:.2f}]"
+
+    lines = [
+        f"policy vs 6 DumbBot: {ci('policy_vs_dumbbot')} centres; "
+        f"DumbBot in the same seats: {ci('dumbbot_vs_dumbbot')}",
+        f"teacher gap {summary['teacher_gap']:+.2f} "
+        f"[{summary['teacher_gap_lo']:+.2f}, {summary['teacher_gap_hi']:+.2f}]"
+        f" (better in {summary['games_better']} games, worse in {summary['games_worse']})",
+        f"policy vs 6 Random: {ci('policy_vs_random')} centres",
+    ]
+    full = summary.get("full_games")
+    if full:
+        cats = ", ".join(
+            f"{name} {cell['rate']:.3f} [{cell['ci95'][0]:.3f}, {cell['ci95'][1]:.3f}]"
+            for name, cell in full["categories"].items()
+        )
+        sos = full["sum_of_squares"]
+        lines.append(
+            f"full games to {FULL_MAX_YEAR} vs 6 DumbBot ({full['games']}): {cats}; sum-of-squares "
+            f"{sos['mean']:.2f} [{sos['ci95'][0]:.2f}, {sos['ci95'][1]:.2f}]"
+        )
+    lines.append(
+        f"policy_vs_dumbbot={summary['policy_vs_dumbbot']:.3f} dumbbot_vs_dumbbot={summary['dumbbot_vs_dumbbot']:.3f} "
+        f"teacher_gap={summary['teacher_gap']:.3f} teacher_gap_lo={summary['teacher_gap_lo']:.3f} "
+        f"policy_vs_random={summary['policy_vs_random']:.3f}"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diprl.bench strength", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", default="zoo:best", help="the hero PolicyRef (default: zoo:best)")
+    parser.add_argument(
+        "--served-model", default="", help="the model preset served (conf/model); a zoo entry's own by default"
+    )
+    parser.add_argument("--adapters", default="runs/adapters", help="the AdapterStore of <policy>@v<N>")
+    parser.add_argument("--games", type=int, default=GAMES, help="games to 1906 per suite (a multiple of 7)")
+    parser.add_argument("--full-games", type=int, default=FULL_GAMES, help="games to 1935; 0 skips them")
+    parser.add_argument("--out", default="runs/bench/strength")
+    args = parser.parse_args(argv)
+
+    from diprl.atomic_io import write_json_atomic
+    from diprl.eval.suite import run_suites
+    from diprl.evaluate import local_policy_client, make_plan
+
+    config = EvaluateConfig(
+        policy=args.policy, served_model=args.served_model, adapters=args.adapters, out=args.out, temperature=0.0
+    )
+    try:
+        plan = make_plan(config)  # the policy, the served model and the adapters checked before anything starts
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    configs = suites(args.policy, args.games, args.full_games)
+    context = local_policy_client(plan.config) if plan.llm_refs else contextlib.nullcontext(None)
+    with context as client:
+        reports = run_suites(configs, client, progress=True)
+    summary = summarize(reports)
+    out = Path(args.out)
+    write_json_atomic(
+        out / "strength.json",
+        {"policy": args.policy, "served_model": plan.config.served_model, "summary": summary,
+         "suites": dict(zip(SUITES, reports, strict=False))},
+        indent=1,
+    )  # fmt: skip
+    print("\n".join(summary_lines(summary)))
+    return 0

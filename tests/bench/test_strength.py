@@ -1,0 +1,71 @@
+"""The strength bench: its suites share games seat for seat, its gap is paired, and a bots-only run prints
+the line the issue names."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diprl.bench.__main__ import main
+from diprl.bench.strength import FULL_MAX_YEAR, MAX_YEAR, SEED, suites, summarize
+from diprl.eval.suite import game_specs
+
+
+def test_the_teacher_plays_the_policys_seats_of_the_same_games() -> None:
+    policy, teacher, random_, full = suites("main@v3", games=14, full_games=7)
+    assert (policy.policy, policy.opponents, teacher.policy, random_.opponents) == (
+        "main@v3", ["bot:dumbbot"], "bot:dumbbot", ["bot:random"]
+    )  # fmt: skip
+    assert policy.play == teacher.play == random_.play
+    assert (policy.play.seed, policy.play.max_year, policy.play.temperature) == (SEED, MAX_YEAR, 0.0)
+    assert (full.play.games, full.play.max_year) == (7, FULL_MAX_YEAR)
+    mine, theirs = game_specs(policy, 0), game_specs(teacher, 1)
+    assert [(s.seed, s.hero) for s in mine] == [(s.seed, s.hero) for s in theirs]
+    assert len({s.hero for s in mine}) == 7
+    assert len(suites("base", full_games=0)) == 3
+
+
+def _report(centres: list[int]) -> dict[str, Any]:
+    mean = sum(centres) / len(centres)
+    return {
+        "hero_centres_per_game": centres,
+        "hero_mean_sc": mean,
+        "hero_centres": {"mean": mean, "ci95": [mean - 1, mean + 1]},
+        "behaviour": {"support_rate": {"rate": 0.1}},
+    }
+
+
+def test_the_gap_is_paired_game_by_game() -> None:
+    # The policy beats DumbBot by exactly one centre in every game: a paired gap of 1 with no spread,
+    # though the two means' own intervals overlap widely.
+    teacher = [2, 9, 4, 7, 3, 5, 6]
+    policy = [c + 1 for c in teacher]
+    summary = summarize([_report(policy), _report(teacher), _report([15] * 7)])
+    assert (summary["teacher_gap"], summary["teacher_gap_lo"], summary["teacher_gap_hi"]) == (1.0, 1.0, 1.0)
+    assert (summary["games_better"], summary["games_worse"]) == (7, 0)
+    assert summary["policy_vs_random"] == 15.0
+    swapped = summarize([_report(teacher), _report(policy), _report([4] * 7)])
+    assert swapped["teacher_gap"] == -1.0 and swapped["games_worse"] == 7
+
+
+def test_a_bots_only_run_prints_the_teacher_gap_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # DumbBot as the policy: the gap to itself in the same seats of the same games is exactly zero.
+    assert (
+        main(["strength", "--policy", "bot:dumbbot", "--games", "7", "--full-games", "0", "--out", str(tmp_path)]) == 0
+    )
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = re.fullmatch(
+        r"policy_vs_dumbbot=(\S+) dumbbot_vs_dumbbot=(\S+) teacher_gap=(\S+) teacher_gap_lo=(\S+) "
+        r"policy_vs_random=(\S+)",
+        last,
+    )
+    assert match is not None, last
+    assert match[1] == match[2] and float(match[3]) == float(match[4]) == 0.0
+    saved = json.loads((tmp_path / "strength.json").read_text())
+    assert saved["summary"]["teacher_gap"] == 0.0 and set(saved["suites"]) == {
+        "policy_vs_dumbbot", "dumbbot_vs_dumbbot", "policy_vs_random"
+    }  # fmt: skip
