@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from diprl.console import quiet_libraries, ray_init_options
 from diprl.eval.config import EvaluateConfig, load_evaluate_config, option_help
-from diprl.eval.refs import BASE, check_published, is_llm
+from diprl.eval.refs import BASE, check_published, is_llm, zoo_model
 from diprl.eval.report import check_writable
 from diprl.eval.suite import SuiteConfig
 from diprl.inference.adapters import IncompatibleAdapter
@@ -84,12 +84,17 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
         games = config.crossplay_games or config.games
         template = replace(suite, play=replace(suite.play, games=games, replays=0), replay_dir=None)
         plan.crossplay = crossplay_configs(config.crossplay, template)
+    zoo = zoo_model(plan.llm_refs)
+    if zoo is not None and not config.served_model:
+        plan.config = config = replace(config, served_model=zoo)  # a zoo entry is served on its own model
+    elif zoo is not None and zoo != config.served_model:
+        raise ValueError(f"served_model={config.served_model} but the zoo entries play on {zoo!r}")
     if plan.llm_refs and not have_client:
         try:
             server = server_config(config)
         except KeyError as exc:
             raise ValueError(str(exc).strip("'\"")) from None
-        adapters = [r for r in plan.llm_refs if r != BASE]
+        adapters = [r for r in plan.llm_refs if r != BASE and not r.startswith("zoo:")]
         try:
             check_published(adapters, config.adapters, server.max_lora_rank)
         except IncompatibleAdapter as exc:

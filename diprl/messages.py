@@ -9,7 +9,8 @@ they pickle cheaply through Ray's object store and become JSON with `dataclasses
 route, quarantine files, traces).
 
 A `PolicyRef` names who plays a seat, as a string: `bot:<name>` (a rule bot), `base` (the bare base
-model) or `<policy>@v<N>` (an immutable adapter version). `PolicyRef.parse` is the only code that
+model), `<policy>@v<N>` (an immutable adapter version) or `zoo:<name>` (a policy shipped in the
+repository's `zoo/`, with the model preset it plays on). `PolicyRef.parse` is the only code that
 reads that grammar; everything else asks the parsed object. Adapter paths are built from its
 validated parts only, so no string that reaches a server can name a file.
 
@@ -25,6 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 BOT_PREFIX = "bot:"
+ZOO_PREFIX = "zoo:"
 BASE = "base"
 """The PolicyRef of the bare base model: no adapter, and never a valid policy name."""
 
@@ -32,11 +34,12 @@ POLICY_PATTERN = r"[a-z][a-z0-9_-]{0,47}"
 VERSION_PATTERN = r"[1-9][0-9]{0,8}"
 MAX_VERSION = 999_999_999
 _BOT_RE = re.compile(r"[a-z][a-z0-9_]{0,31}", re.ASCII)
+_ZOO_RE = re.compile(r"[a-z][a-z0-9_-]{0,47}", re.ASCII)
 _ADAPTER_RE = re.compile(rf"(?P<policy>{POLICY_PATTERN})@v(?P<version>{VERSION_PATTERN})", re.ASCII)
 REF_FORMS = (
     "'bot:<name>' (a rule bot), 'base' (the base model), or '<policy>@v<N>' (an adapter version: policy is "
     "1-48 characters of lowercase ASCII letters, digits, '_' or '-' starting with a letter, N a version number "
-    "from 1 without leading zeros, e.g. 'main@v3')"
+    "from 1 without leading zeros, e.g. 'main@v3'), or 'zoo:<name>' (a shipped policy, e.g. 'zoo:best')"
 )
 
 
@@ -48,6 +51,7 @@ class RefKind(StrEnum):
     BOT = "bot"
     BASE = "base"
     ADAPTER = "adapter"
+    ZOO = "zoo"
 
 
 @dataclass(frozen=True, order=True)
@@ -56,7 +60,7 @@ class PolicyRef:
     `PolicyRef.adapter(policy, n)` or `BASE_REF`; `str(ref)` gives the string back exactly."""
 
     kind: RefKind
-    name: str = ""  # the bot's name, or the adapter's policy; "" for base
+    name: str = ""  # the bot's name, the adapter's policy or the zoo entry's; "" for base
     version: int = 0  # the adapter version number; 0 for bots and base
 
     @staticmethod
@@ -75,6 +79,11 @@ class PolicyRef:
             if _BOT_RE.fullmatch(name) is None:
                 raise UnknownPolicyRef(f"malformed bot reference {text[:80]!r}; use {REF_FORMS}")
             return PolicyRef(RefKind.BOT, name)
+        if text.startswith(ZOO_PREFIX):
+            name = text[len(ZOO_PREFIX) :]
+            if _ZOO_RE.fullmatch(name) is None:
+                raise UnknownPolicyRef(f"malformed zoo reference {text[:80]!r}; use {REF_FORMS}")
+            return PolicyRef(RefKind.ZOO, name)
         match = _ADAPTER_RE.fullmatch(text)
         if match is None or match["policy"] == BASE:
             raise UnknownPolicyRef(f"unknown PolicyRef {text[:80]!r}; use {REF_FORMS}")
@@ -103,6 +112,10 @@ class PolicyRef:
         return self.kind is RefKind.ADAPTER
 
     @property
+    def is_zoo(self) -> bool:
+        return self.kind is RefKind.ZOO
+
+    @property
     def is_llm(self) -> bool:
         """Played by the PolicyServer (the base model or an adapter version), not by a rule bot."""
         return self.kind is not RefKind.BOT
@@ -117,6 +130,8 @@ class PolicyRef:
             return f"{BOT_PREFIX}{self.name}"
         if self.kind is RefKind.BASE:
             return BASE
+        if self.kind is RefKind.ZOO:
+            return f"{ZOO_PREFIX}{self.name}"
         return f"{self.name}@v{self.version}"
 
 

@@ -16,7 +16,7 @@ from diprl.inference.adapters import AdapterError, AdapterStore
 from diprl.inference.adapters.files import check_compatible
 from diprl.messages import BASE, REF_FORMS, PolicyRef, UnknownPolicyRef
 
-__all__ = ["BASE", "UnknownPolicyRef", "check_policy_ref", "check_published", "is_llm"]
+__all__ = ["BASE", "UnknownPolicyRef", "check_policy_ref", "check_published", "is_llm", "zoo_model"]
 
 
 def check_policy_ref(ref: object) -> str:
@@ -25,7 +25,22 @@ def check_policy_ref(ref: object) -> str:
     parsed = PolicyRef.parse(ref)
     if parsed.is_bot and parsed.name not in BOT_NAMES:
         raise UnknownPolicyRef(f"unknown bot {ref!r} (known: {', '.join(BOT_NAMES)}); use {REF_FORMS}")
+    if parsed.is_zoo:
+        from diprl.policy.zoo import load_entry
+
+        load_entry(str(parsed))  # ZooError (an UnknownPolicyRef): unknown, or its files do not match
     return str(parsed)
+
+
+def zoo_model(refs: Iterable[str]) -> str | None:
+    """The model preset the zoo entries among `refs` play on (None without any); `ValueError` when they
+    name different ones: one PolicyServer serves one model."""
+    from diprl.policy.zoo import load_entry
+
+    models = {ref: load_entry(ref).model for ref in refs if PolicyRef.parse(ref).is_zoo}
+    if len(set(models.values())) > 1:
+        raise ValueError(f"these zoo entries play on different models, which one server cannot serve: {models}")
+    return next(iter(models.values()), None)
 
 
 def is_llm(ref: str) -> bool:

@@ -58,7 +58,7 @@ from diprl.inference.requests import (
     validate_batch,
     validate_request,
 )
-from diprl.messages import Generation, GenerationRequest
+from diprl.messages import ZOO_PREFIX, Generation, GenerationRequest
 from diprl.policy.constraint import OrderConstraint, ReasoningOptions
 from diprl.policy.parser import legal_complete, parse_orders
 
@@ -198,6 +198,7 @@ class PolicyEngine:
         self._loras: OrderedDict[str, LoadedAdapter] = OrderedDict()
         self._in_use: Counter[str] = Counter()
         self._next_lora_id = 1
+        self._zoo: dict[str, Any] = {}  # zoo entries verified and loaded: their LoRARequest, None for a base
         self._loading = KeyedLocks()  # one per adapter: a cold load never holds up other adapters
         self.loads = 0
         self.unloads = 0
@@ -245,6 +246,8 @@ class PolicyEngine:
         """The LoRARequest for `policy` (None for base), loaded if needed; marks it in use.
 
         Only requests for the same adapter wait for its load; one already loaded is served at once."""
+        if policy.startswith(ZOO_PREFIX):
+            return await self._acquire_zoo(policy)
         ref = parse_policy_ref(policy)
         if ref is None:
             return None
@@ -261,6 +264,58 @@ class PolicyEngine:
             self._in_use[ref.name] += 1
         self._loras.move_to_end(ref.name)
         return loaded.request
+
+    async def _acquire_zoo(self, ref: str) -> Any:
+        """A shipped policy (`zoo:<name>`): its LoRARequest, or None when the entry is this engine's base alone.
+
+        The entry is verified file by file (off the event loop) and checked against this engine's model and
+        LoRA slots the first time it is asked for; its adapter is then loaded once and kept (the zoo is a few
+        read-only entries, never evicted). An entry of another model is refused, naming both models."""
+        if ref not in self._zoo:
+            async with self._loading.hold(ref):
+                if ref not in self._zoo:
+                    self._zoo[ref] = await self._load_zoo(ref)
+        lora = self._zoo[ref]
+        if lora is not None:
+            self._in_use[ref] += 1  # balanced by `_release`; zoo adapters are not in the LRU
+        return lora
+
+    async def _load_zoo(self, ref: str) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        entry = await asyncio.to_thread(self._verified_zoo_entry, ref)
+        if entry.adapter_dir is None:
+            return None
+        lora = LoRARequest(ref, self._next_lora_id, str(entry.adapter_dir))
+        self._next_lora_id += 1
+        try:
+            await asyncio.wait_for(self.engine.add_lora(lora), self.config.request_timeout_s)
+        except Exception as exc:
+            self._note_engine_failure(exc)
+            raise AdapterError(f"{ref} could not be loaded by the engine: {_error(exc)}") from exc
+        return lora
+
+    def _verified_zoo_entry(self, ref: str) -> Any:
+        import json
+
+        from diprl.inference.adapters.names import same_base_model
+        from diprl.policy.models import load_preset, resolve_model_path
+        from diprl.policy.zoo import ZooError, load_entry
+
+        try:
+            entry = load_entry(ref)
+        except ZooError as err:
+            raise AdapterError(str(err)) from None
+        served = str(resolve_model_path(load_preset(entry.model)))
+        if not same_base_model(served, self.model_path):
+            raise AdapterError(f"{ref} plays on model {entry.model!r} ({served}); this server runs {self.model_path!r}")
+        if entry.adapter_dir is not None:
+            rank = json.loads((entry.adapter_dir / "adapter_config.json").read_text()).get("r")
+            if not isinstance(rank, int) or rank > self.config.max_lora_rank:
+                raise AdapterError(
+                    f"{ref}: its adapter's rank {rank!r} exceeds the server's max LoRA rank {self.config.max_lora_rank}"
+                )
+        return entry
 
     async def _load(self, name: str) -> LoadedAdapter:
         from vllm.lora.request import LoRARequest

@@ -70,7 +70,7 @@ from diprl.learn.ranks import Collective, RankSpec, split_by_tokens
 from diprl.learn.state_files import read_state, state_paths, write_state
 from diprl.learn.train_state import base_optimizer, engine_state, restore_engine_state, restore_rng_state, rng_state
 from diprl.learn.versions import VersionBook
-from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
+from diprl.messages import ZOO_PREFIX, StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
@@ -200,6 +200,10 @@ class Learner:
         source = self.config.init_adapter
         if not source:
             return None
+        if source.startswith(ZOO_PREFIX):  # a shipped policy: its adapter, or a fresh LoRA on its base
+            from diprl.policy.zoo import warm_start_dir
+
+            return warm_start_dir(source, self.config.model)
         try:
             ref = parse_policy_ref(source)
         except InvalidAdapterName:

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from diprl.eval.config import GamesConfig
+from diprl.messages import ZOO_PREFIX
 from diprl.rollout.episode import EpisodeConfig
 from diprl.structured_config import CONF_DIR, ConfigError
 
@@ -242,6 +243,17 @@ def check(config: Config) -> None:
 
     t, r = config.train, config.rollout
     problems = []
+    init = config.learner.init_adapter or ""
+    if init.startswith(ZOO_PREFIX):
+        from diprl.policy.zoo import ZooError, load_entry
+
+        try:
+            entry = load_entry(init)
+        except ZooError as err:
+            problems.append(f"learner.init_adapter: {err}")
+        else:
+            if entry.model != config.model.name:
+                problems.append(f"learner.init_adapter={init} plays on model {entry.model}: add model={entry.model}")
     if t.max_steps < 0 or t.max_minutes < 0:
         problems.append("train.max_steps and train.max_minutes must be >= 0")
     if r.num_workers < 1:

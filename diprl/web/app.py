@@ -25,7 +25,7 @@ from fastapi.templating import Jinja2Templates
 
 from diprl.web import games as games_mod
 from diprl.web import runs as runs_mod
-from diprl.web.auth import origin_guard, token_guard
+from diprl.web.auth import SecurityHeaders, origin_guard, token_guard
 from diprl.web.league_view import NoLeague, crossplay_reports, league_view
 from diprl.web.play import ClientFor, PlayError, PlayRoom, PlaySession, bot_names, check_setup, powers
 
@@ -64,6 +64,7 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
     if config.token is not None:
         app.add_middleware(BaseHTTPMiddleware, dispatch=token_guard(config.token))
     app.add_middleware(BaseHTTPMiddleware, dispatch=origin_guard(loopback_hosts_only=not config.exposed))
+    app.add_middleware(SecurityHeaders)  # added last: outermost, so every response carries the headers
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["json_data"] = _json_data
@@ -203,7 +204,9 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
 
     # ------------------------------------------------------------------------------------- play
     def seat_choices(path: Path | None) -> list[str]:
-        refs = [f"bot:{b}" for b in bot_names()] + ["base"]
+        from diprl.policy.zoo import known_entries
+
+        refs = [f"bot:{b}" for b in bot_names()] + [f"zoo:{name}" for name in known_entries()] + ["base"]
         if path is not None:
             from diprl.inference.adapters import AdapterStore
 

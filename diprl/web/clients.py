@@ -3,8 +3,9 @@
 `python -m diprl.web` starts nothing heavy: most games are against bots, and a page must never wait for
 vLLM. The first LLM seat of a game starts a local Ray (loopback) and the PolicyServer through
 `diprl.evaluate.local_policy_client`, the same set-up `python -m diprl.evaluate` uses, serving the
-adapter store of the run the game names (an empty store for `base` alone). A game on another run's
-adapters replaces it (one server at a time: a PolicyServer serves one store). `close` tears it down.
+adapter store of the run the game names (an empty store for `base` alone), on the model of the game's zoo
+entries when it seats some. A game on another run's adapters or another model replaces it (one server at a
+time: a PolicyServer serves one store and one model). `close` tears it down.
 Ray is started and shut down on one thread of its own: a Ray started on one thread and shut down from
 another lost its GCS connection here and aborted the process a minute later. Ray's C++ failure-signal
 handler is left out (`RAY_DISABLE_FAILURE_SIGNAL_HANDLER`): it takes SIGTERM from the app's own handler
@@ -36,16 +37,17 @@ class LocalPolicyClients:
         self._ray_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diprl-web-ray")
         self._stack: contextlib.ExitStack | None = None
         self._root: Path | None = None
+        self._model = ""  # the served preset ("": the server file's own), a zoo entry's for zoo seats
         self._client: PolicyClient | None = None
 
-    def __call__(self, adapters: Path | None) -> PolicyClient:
+    def __call__(self, adapters: Path | None, model: str = "") -> PolicyClient:
         root = (adapters or self.empty_store).resolve()
         with self._lock:
-            if self._client is not None and self._root == root:
+            if self._client is not None and self._root == root and self._model == model:
                 return self._client
-            return self._ray_thread.submit(self._open, root).result()
+            return self._ray_thread.submit(self._open, root, model).result()
 
-    def _open(self, root: Path) -> PolicyClient:
+    def _open(self, root: Path, model: str) -> PolicyClient:
         from diprl.eval.config import EvaluateConfig
         from diprl.evaluate import local_policy_client
 
@@ -55,12 +57,14 @@ class LocalPolicyClients:
         stack = contextlib.ExitStack()
         try:
             client = stack.enter_context(
-                local_policy_client(EvaluateConfig(adapters=str(root), server=self.server, progress=False))
+                local_policy_client(
+                    EvaluateConfig(adapters=str(root), server=self.server, served_model=model, progress=False)
+                )
             )
         except BaseException:
             stack.close()
             raise
-        self._stack, self._root, self._client = stack, root, client
+        self._stack, self._root, self._model, self._client = stack, root, model, client
         return client
 
     def _close(self) -> None:
@@ -88,7 +92,12 @@ class RunServerClients:
         self._lock = threading.Lock()
         self._client: PolicyClient | None = None
 
-    def __call__(self, adapters: Path | None) -> PolicyClient:
+    def __call__(self, adapters: Path | None, model: str = "") -> PolicyClient:
+        if model:
+            raise ValueError(
+                "zoo entries play on a model of their own: play them with `python -m diprl.web` on its own (it "
+                "starts a PolicyServer for their model), not beside a training run"
+            )
         if adapters is not None and adapters.resolve() != self.adapters:
             raise ValueError(
                 f"this app runs beside the training run whose PolicyServer serves {self.adapters}; versions from "

@@ -40,8 +40,9 @@ MAX_YEAR = 1935
 TEMPERATURE = 1.0  # LLM seats sample as in training
 MAX_TOKENS = 384
 
-ClientFor = Callable[[Path | None], PolicyClient]
-"""Gives the policy client for LLM seats served from an adapter store (None: no adapters, `base` only)."""
+ClientFor = Callable[[Path | None, str], PolicyClient]
+"""Gives the policy client for LLM seats served from an adapter store (None: no adapters, `base` only), on a
+model preset ("": the server's own; a zoo entry's model when zoo seats play)."""
 
 
 class PlayError(ValueError):
@@ -82,6 +83,7 @@ class PlaySetup:
     max_year: int
     run: str | None
     adapters: Path | None
+    model: str = ""  # the model preset the zoo seats play on; "" without zoo seats
 
     @property
     def llm_seats(self) -> list[str]:
@@ -104,9 +106,29 @@ def check_setup(
         raise PlayError(f"no PolicyRef for {', '.join(missing)}: every other power needs a seat")
     if isinstance(max_year, bool) or not isinstance(max_year, int) or not FIRST_YEAR <= max_year <= MAX_YEAR:
         raise PlayError(f"the last year must be between {FIRST_YEAR} and {MAX_YEAR}, got {max_year!r}")
-    for power, text in seats.items():
-        check_ref(power, text, run, adapters)
-    return PlaySetup(human, {**dict(seats), human: "human"}, max_year, run, adapters)
+    refs = {power: check_ref(power, text, run, adapters) for power, text in seats.items()}
+    model = _zoo_model(refs)
+    return PlaySetup(human, {**dict(seats), human: "human"}, max_year, run, adapters, model)
+
+
+def _zoo_model(refs: Mapping[str, PolicyRef]) -> str:
+    """The model the zoo seats play on; a game's LLM seats share one PolicyServer, so zoo entries sit with
+    rule bots and entries of the same model only (`base` and a run's versions play on the run's model)."""
+    zoo = sorted(p for p, r in refs.items() if r.is_zoo)
+    if not zoo:
+        return ""
+    others = sorted(p for p, r in refs.items() if r.is_llm and not r.is_zoo)
+    if others:
+        raise PlayError(
+            f"zoo entries ({', '.join(zoo)}) and base or run versions ({', '.join(others)}) play on different "
+            "servers: seat them in separate games"
+        )
+    from diprl.eval.refs import zoo_model
+
+    try:
+        return zoo_model([str(refs[p]) for p in zoo]) or ""
+    except ValueError as exc:
+        raise PlayError(str(exc)) from None
 
 
 def check_ref(power: str, text: str, run: str | None, adapters: Path | None) -> PolicyRef:
@@ -117,6 +139,13 @@ def check_ref(power: str, text: str, run: str | None, adapters: Path | None) -> 
         raise PlayError(f"{power}: {exc}") from None
     if ref.is_bot and ref.name not in bot_names():
         raise PlayError(f"{power}: unknown bot {text!r}; bots are {', '.join(bot_names())}")
+    if ref.is_zoo:
+        from diprl.policy.zoo import ZooError, load_entry
+
+        try:
+            load_entry(str(ref))
+        except ZooError as exc:
+            raise PlayError(f"{power}: {exc}") from None
     if ref.is_adapter:
         if adapters is None:
             raise PlayError(f"{power}: {text} is an adapter version: choose the run whose adapters hold it")
@@ -257,7 +286,7 @@ class PlaySession:
         table = Table(game, self.setup.seats, {**self.bots, self.human: _Chosen(human_orders)}, TEMPERATURE, MAX_TOKENS)
         asked = [p for p in game.orderable_powers() if p not in table.bots]
         try:
-            client = self.client_for(self.setup.adapters) if asked else None
+            client = self.client_for(self.setup.adapters, self.setup.model) if asked else None
             [outcome] = play_phase([table], client)
         except Exception as exc:  # a server that is down or refuses: the phase is not played
             raise SeatFailure(
@@ -311,7 +340,7 @@ class PlayRoom:
         served is refused before it exists (a local PolicyServer starts here, once)."""
         if setup.llm_seats:
             try:
-                self.client_for(setup.adapters)
+                self.client_for(setup.adapters, setup.model)
             except Exception as exc:
                 raise PlayError(f"no PolicyServer for the LLM seats ({', '.join(setup.llm_seats)}): {exc}") from exc
         game_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)

@@ -22,7 +22,7 @@ from diprl.web.auth import is_loopback, resolve_token
 if TYPE_CHECKING:
     import uvicorn
 
-ClientFactory = Callable[[Path | None], PolicyClient]
+ClientFactory = Callable[[Path | None, str], PolicyClient]
 """`adapters -> PolicyClient`: answers LLM seats of games whose versions live in that adapter store
 (None: `base` only). Beside a training run: the run's own PolicyServer client."""
 

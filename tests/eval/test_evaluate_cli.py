@@ -155,3 +155,20 @@ def test_an_adapter_wider_than_the_served_model_fails_before_play_and_model_serv
     assert evaluate.server_config(plan.config).max_lora_rank == 32
     assert evaluate.main([*argv, "served_model=nothing"]) == 2
     assert "not a model preset" in capsys.readouterr().err
+
+
+def test_a_zoo_entry_is_served_on_its_own_model_with_no_other_flag(tmp_path: Path) -> None:
+    """`policy=zoo:best` and `crossplay=[zoo:best,...]` need no served_model=: the entry's manifest names it."""
+    from diprl.policy.zoo import load_entry
+
+    model = load_entry("zoo:best").model
+    out = f"out={tmp_path / 'out'}"
+    plan = evaluate.make_plan(evaluate.load_evaluate_config(["policy=zoo:best", "opponents=bot:dumbbot", out]))
+    assert plan.config.served_model == model and plan.llm_refs == ["zoo:best"]
+    assert evaluate.server_config(plan.config).model == model
+    crossplay = ["policy=bot:random", "crossplay=[zoo:best,bot:dumbbot,bot:random]", "games=7", out]
+    assert evaluate.make_plan(evaluate.load_evaluate_config(crossplay)).config.served_model == model
+    with pytest.raises(ValueError, match="the zoo entries play on"):
+        evaluate.make_plan(evaluate.load_evaluate_config(["policy=zoo:best", "served_model=tiny", out]))
+    with pytest.raises(ValueError, match="unknown zoo entry"):
+        evaluate.make_plan(evaluate.load_evaluate_config(["policy=zoo:nothing", out]))

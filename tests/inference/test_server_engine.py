@@ -247,6 +247,45 @@ def test_a_tampered_adapter_is_refused_on_load_and_other_adapters_are_served(
     assert fake.events.count("load a@v1") == 1  # the tampered bytes never reached the engine
 
 
+def test_a_zoo_entry_of_another_model_is_refused_by_name_and_the_rest_are_served(make_engine: Any) -> None:
+    fake = FakeEngine()
+    engine = make_engine(fake)
+
+    async def scenario() -> list[Any]:
+        return list(await engine.generate([request("zoo:best"), request("zoo:nope"), request("base")]))
+
+    best, unknown, base = asyncio.run(scenario())
+    assert "zoo:best plays on model 'tiny_pretrained'" in best.error and "this server runs" in best.error
+    assert "unknown zoo entry 'zoo:nope'" in unknown.error
+    assert base.error is None
+    assert not [e for e in fake.events if e.startswith("load")]  # nothing was loaded for them
+
+
+def test_a_zoo_adapter_on_the_served_model_is_verified_loaded_once_and_kept(
+    make_engine: Any, lora_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from diprl.policy import zoo
+
+    monkeypatch.setattr(zoo, "ZOO_ROOT", tmp_path / "zoo")
+    zoo.add_entry("tuned", "tiny", "python -m diprl.train", "1 minute", "abc", {}, adapter=lora_dirs["a"])
+    fake = FakeEngine()
+    engine = make_engine(fake, loaded_adapters=1)
+
+    async def scenario() -> list[Any]:
+        first = list(await engine.generate([request("zoo:tuned"), request("zoo:tuned")]))
+        await engine.generate([request("b@v1"), request("c@v1")])  # the LRU of one turns over twice
+        return first + list(await engine.generate([request("zoo:tuned")]))
+
+    results = asyncio.run(scenario())
+    assert [r.error for r in results] == [None, None, None]
+    assert fake.events.count("load zoo:tuned") == 1 and "generated zoo:tuned" in fake.events
+    assert fake.paths["zoo:tuned"] == str(tmp_path / "zoo" / "tuned" / "adapter")
+    (tmp_path / "zoo" / "tuned" / "adapter" / WEIGHTS_FILE).write_bytes(b"changed")
+    fresh = make_engine(FakeEngine())
+    [changed] = asyncio.run(fresh.generate([request("zoo:tuned")]))
+    assert "does not match the SHA-256 in its manifest" in changed.error
+
+
 def test_private_copies_go_with_their_adapter_and_with_the_engine(make_engine: Any, store: AdapterStore) -> None:
     fake = FakeEngine()
     engine = make_engine(fake, loaded_adapters=1)

@@ -195,8 +195,10 @@ class FakePolicyClients:
 
     fail: bool = False
     calls: list[tuple[Path | None, list[GenerationRequest], list[Generation]]] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)  # the model each client was asked for
 
-    def __call__(self, adapters: Path | None) -> PolicyClient:
+    def __call__(self, adapters: Path | None, model: str = "") -> PolicyClient:
+        self.models.append(model)
         parent = self
 
         class Client:

@@ -74,6 +74,8 @@ def _submit(http: TestClient, game_id: str, phase: str, chosen: dict[str, str]) 
         ({"max_year": "1800"}, "between 1901 and 1935"),
         ({"max_year": "soon"}, "must be a number"),
         ({"run": "nope"}, "unknown run 'nope'"),
+        ({"seat:ENGLAND": "zoo:nothing"}, "unknown zoo entry 'zoo:nothing'"),
+        ({"seat:ENGLAND": "zoo:best", "seat:GERMANY": "base"}, "play on different servers"),
     ],
 )
 def test_a_bad_seat_power_year_or_run_starts_nothing(
@@ -151,6 +153,19 @@ def test_llm_seats_are_answered_through_the_client_with_the_runs_adapters(
     for request, answer in zip(requests, answers, strict=True):
         power = request.legal["power"]
         assert session.game.history[0].orders[power] == tuple(sorted(answer.orders)), power
+
+
+def test_zoo_seats_are_answered_on_their_own_model(http: TestClient, clients: FakePolicyClients) -> None:
+    from diprl.policy.zoo import load_entry
+
+    game_id = _new_game(http, ENGLAND="zoo:best", GERMANY="zoo:best")
+    session = _session(http, game_id)
+    assert session.setup.model == load_entry("zoo:best").model
+    assert _submit(http, game_id, "S1901M", _moves(session)).status_code == 303  # type: ignore[attr-defined]
+    [(adapters, requests, _)] = clients.calls
+    assert adapters is None and {r.policy for r in requests} == {"zoo:best"}
+    assert set(clients.models) == {session.setup.model}
+    assert "zoo:best" in http.get("/play").text
 
 
 def test_a_server_that_cannot_answer_is_a_clear_error_and_the_phase_is_not_played(

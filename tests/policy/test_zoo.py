@@ -1,0 +1,111 @@
+"""The model zoo: `zoo:<name>` parses, every shipped file matches its manifest, and a mismatch is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from diprl.messages import PolicyRef, RefKind, UnknownPolicyRef
+from diprl.policy import zoo
+from diprl.policy.models import CONF_DIR
+from diprl.policy.zoo import (
+    MAX_ZOO_BYTES,
+    ZooError,
+    add_entry,
+    known_entries,
+    load_entry,
+    warm_start_dir,
+    zoo_size,
+)
+
+
+def test_zoo_refs_parse_and_print_back() -> None:
+    ref = PolicyRef.parse("zoo:best")
+    assert (ref.kind, ref.name, ref.is_zoo, ref.is_llm, ref.is_adapter, str(ref)) == (
+        RefKind.ZOO, "best", True, True, False, "zoo:best"
+    )  # fmt: skip
+    for bad in ("zoo:", "zoo:../x", "zoo:Best", "zoo:a/b"):
+        with pytest.raises(UnknownPolicyRef, match="malformed zoo reference"):
+            PolicyRef.parse(bad)
+
+
+def test_every_shipped_entry_matches_its_manifest_and_the_zoo_stays_small() -> None:
+    names = [n for n in known_entries() if (zoo.ZOO_ROOT / n / zoo.MANIFEST).is_file()]
+    assert names, "the repository ships at least one zoo entry"
+    for name in names:
+        entry = load_entry(f"zoo:{name}")
+        assert entry.recipe.startswith("python -m diprl.") and entry.commit and entry.budget
+        assert entry.files
+    best = load_entry("zoo:best")
+    assert best.name in names and best.figures
+    assert zoo_size() < MAX_ZOO_BYTES
+
+
+@pytest.fixture
+def tmp_zoo(tmp_path: Path) -> tuple[Path, Path]:
+    """A zoo holding a copy of the shipped pretrained base, and a conf/ whose preset names it."""
+    root, conf = tmp_path / "zoo", tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    base = root / "bases" / "body"
+    shutil.copytree(zoo.ZOO_ROOT / "bases" / "tiny_pretrained", base)
+    preset = conf / "model" / "tiny_pretrained.yaml"
+    preset.write_text(preset.read_text().replace("path: zoo/bases/tiny_pretrained", f"path: {base}"))
+    return root, conf
+
+
+def test_a_changed_byte_a_missing_file_or_an_escape_is_refused(tmp_zoo: tuple[Path, Path]) -> None:
+    root, conf = tmp_zoo
+    entry = add_entry("plain", "tiny_pretrained", "python -m diprl.imitation.pretrain", "1 minute", "abc123",
+                      {"x": 1}, best=True, root=root, conf_dir=conf)  # fmt: skip
+    assert entry.adapter_dir is None and "bases/body/model.safetensors" in entry.files
+    assert load_entry("zoo:best", root, conf).name == "plain"
+    assert known_entries(root) == ["best", "plain"]
+    assert warm_start_dir("zoo:plain", "tiny_pretrained", root) is None  # a fresh LoRA on the entry's base
+    with pytest.raises(ZooError, match="set model=tiny_pretrained"):
+        warm_start_dir("zoo:plain", "tiny", root)
+
+    weights = root / "bases" / "body" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ZooError, match=r"model\.safetensors does not match the SHA-256"):
+        load_entry("zoo:plain", root, conf)
+    weights.unlink()
+    with pytest.raises(ZooError, match="missing or not a regular file"):
+        load_entry("zoo:plain", root, conf)
+
+    manifest = root / "plain" / zoo.MANIFEST
+    raw = json.loads(manifest.read_text())
+    raw["files"] = {"../../etc/passwd": "0" * 64}
+    manifest.write_text(json.dumps(raw))
+    with pytest.raises(ZooError, match="not a path inside the zoo"):
+        load_entry("zoo:plain", root, conf)
+    with pytest.raises(ZooError, match=r"unknown zoo entry 'zoo:nope' \(known: best, plain"):
+        load_entry("zoo:nope", root, conf)
+
+
+def test_an_adapter_entry_lists_every_adapter_file(tmp_zoo: tuple[Path, Path], tmp_path: Path) -> None:
+    root, conf = tmp_zoo
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    (adapter / "adapter_config.json").write_text("{}")
+    entry = add_entry("tuned", "tiny_pretrained", "python -m diprl.train", "30 minutes", "abc123", {},
+                      adapter=adapter, root=root, conf_dir=conf)  # fmt: skip
+    assert entry.adapter_dir == root / "tuned" / "adapter"
+    assert warm_start_dir("zoo:tuned", "tiny_pretrained", root) == entry.adapter_dir
+    (entry.adapter_dir / "extra.bin").write_bytes(b"x")  # PEFT could load what the manifest never saw
+    with pytest.raises(ZooError, match="adapter files not in its manifest"):
+        load_entry("zoo:tuned", root, conf)
+
+
+def test_a_renamed_entry_is_refused(tmp_zoo: tuple[Path, Path]) -> None:
+    root, conf = tmp_zoo
+    add_entry("one", "tiny_pretrained", "python -m diprl.imitation.pretrain", "1 minute", "abc", {}, root=root,
+              conf_dir=conf)  # fmt: skip
+    (root / "one").rename(root / "two")
+    with pytest.raises(ZooError, match="copied or renamed"):
+        load_entry("zoo:two", root, conf)
