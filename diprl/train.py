@@ -29,6 +29,7 @@ from typing import Any
 from diprl.console import quiet_libraries, ray_init_options
 from diprl.run.config import CONF_DIR, Config, ConfigError, compose_config
 from diprl.run.driver import Actors, Driver, Stop
+from diprl.run.provenance import write_provenance
 from diprl.run.rundir import NAMESPACE, json_safe, load_counters, prepare_run_dir, run_namespace, serve_app_name
 
 LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
@@ -194,6 +195,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         ray_session(**ray_options(config, verbose, namespace=run_namespace(held.path))) as info,
     ):
         run_dir = held.path
+        write_provenance(run_dir)
         print(f"run directory: {run_dir}", flush=True)
         if hint := info.dashboard_hint():
             print(hint, flush=True)

@@ -363,6 +363,8 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     evals = [r for r in records if r["kind"] == "eval"]
     assert evals[0]["version"] == "main@v1" and evals[-1]["step"] == 3  # at the start and the end
     assert Path(evals[-1]["eval/report"]).is_file()
+    [start] = sorted((run_dir / "provenance").glob("*.json"))  # what made the run, recorded at its start
+    assert json.loads(start.read_text())["code"]["commit"]
     assert (run_dir / "plots" / "learning_curves.png").is_file()
 
     # SIGKILL the driver and its Ray after step 4 was published, before the step-6 checkpoint.
