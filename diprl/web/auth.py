@@ -12,6 +12,10 @@ Two more checks keep other web pages out of a server on loopback: a form posted 
 (its `Origin` header names another host than the request's `Host`) is refused, so a page elsewhere cannot
 start games here; and without a token, a request whose `Host` is not a loopback name is refused, so a DNS
 name rebound to 127.0.0.1 cannot read the pages either.
+
+Every response also says that no other site may frame it (`X-Frame-Options: DENY` and the content
+security policy's `frame-ancestors 'none'`: a framed play form could be clicked through a decoy) and
+that the pages run only this origin's scripts (`SecurityHeaders`, `CONTENT_SECURITY_POLICY`).
 """
 
 from __future__ import annotations
@@ -24,11 +28,54 @@ from urllib.parse import urlencode, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 TOKEN_ENV = "DIPRL_WEB_TOKEN"
 COOKIE = "diprl_token"
 HEADER = "x-diprl-token"
 MIN_TOKEN_CHARS = 16
+
+
+CONTENT_SECURITY_POLICY = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",  # /static/app.js only: the templates hold no inline script or handler
+        "style-src 'self' 'unsafe-inline'",  # style attributes (heatmap cells, chart legends) and the boards' SVG
+        "img-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    )
+)
+SECURITY_HEADERS = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-frame-options", b"DENY"),  # browsers without frame-ancestors
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+)
+
+
+class SecurityHeaders:
+    """ASGI middleware: `SECURITY_HEADERS` on every HTTP response, refusals and static files included
+    (the outermost layer, so responses of the token and origin guards carry them too)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in SECURITY_HEADERS}
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                message = {**message, "headers": [*kept, *SECURITY_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 class TokenRequired(ValueError):

@@ -9,6 +9,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,15 @@ TOKEN = "test-token-0123456789abcdef"
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: object, **kwargs: object) -> None:
         return None
+
+
+def _headers(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, Any]:
+    request = urllib.request.Request(url, headers=headers or {}, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.build_opener(_NoRedirect()).open(request, timeout=30) as response:
+            return int(response.status), response.headers
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.headers
 
 
 def _get(url: str, headers: dict[str, str] | None = None, opener: urllib.request.OpenerDirector | None = None) -> int:
@@ -107,3 +117,60 @@ def test_the_command_serves_on_loopback_until_sigterm(tmp_path: Path) -> None:
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()
+
+
+def _frame_policy(headers: Any) -> tuple[str | None, dict[str, str]]:
+    csp = headers.get("Content-Security-Policy") or ""
+    pairs = (part.strip().partition(" ") for part in csp.split(";") if part.strip())
+    directives = {name: value for name, _, value in pairs}
+    return headers.get("X-Frame-Options"), directives
+
+
+def test_every_response_forbids_framing_and_foreign_scripts(run_tree: RunTree) -> None:
+    """Found by review (N6): another site could frame the pages (clickjacking the play form). Every response,
+    pages, JSON, static files, images, redirects and refusals alike, says no frame and only this origin's
+    scripts (the pages have no inline script: see `test_the_templates_hold_no_inline_script`)."""
+    open_web = start_web(run_tree.runs_dir, port=0, client_factory=FakePolicyClients())
+    token_web = start_web(run_tree.runs_dir, port=0, token=TOKEN, client_factory=FakePolicyClients())
+    try:
+        answers = {
+            path: _headers(open_web.url + path)
+            for path in ("", "league", "games", "play", "api/runs", "static/app.js", "static/app.css", "nope")
+        }
+        answers["bad host"] = _headers(open_web.url, {"Host": "evil.example"})
+        answers["cross-site post"] = _headers(open_web.url + "play", {"Origin": "http://evil.example"}, "POST")
+        answers["no token"] = _headers(token_web.url)
+        answers["login"] = _headers(f"{token_web.url}league?token={TOKEN}")
+        statuses = {name: status for name, (status, _) in answers.items()}
+        assert statuses == {
+            **dict.fromkeys(("", "league", "games", "play", "api/runs", "static/app.js", "static/app.css"), 200),
+            "nope": 404,
+            "bad host": 403,
+            "cross-site post": 403,
+            "no token": 401,
+            "login": 303,
+        }
+        for name, (_, headers) in answers.items():
+            frame_options, csp = _frame_policy(headers)
+            assert frame_options == "DENY", name
+            assert csp.get("frame-ancestors") == "'none'", name
+            assert csp.get("default-src") == "'self'" and csp.get("script-src") == "'self'", name
+            assert csp.get("object-src") == "'none'" and csp.get("base-uri") == "'none'", name
+            assert headers.get("X-Content-Type-Options") == "nosniff", name
+    finally:
+        open_web.stop()
+        token_web.stop()
+
+
+def test_the_templates_hold_no_inline_script() -> None:
+    """The pages' policy allows only scripts from /static: an inline handler or `javascript:` link would be
+    blocked by the browser, so none may creep back in (a JSON data block is not a script)."""
+    import re
+
+    templates = Path(__file__).resolve().parents[2] / "diprl" / "web" / "templates"
+    for page in sorted(templates.glob("*.html")):
+        text = page.read_text()
+        assert not re.search(r"\son[a-z]+\s*=", text), f"{page.name}: an inline event handler"
+        assert "javascript:" not in text, f"{page.name}: a javascript: link"
+        for tag in re.findall(r"<script\b[^>]*>", text):
+            assert "src=" in tag or 'type="application/json"' in tag, f"{page.name}: inline script {tag}"

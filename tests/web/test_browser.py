@@ -230,3 +230,30 @@ def test_every_page_says_so_without_a_run_and_a_token_server_sets_its_cookie(bro
         _shot(browser, "no_run")
     finally:
         web.stop()
+
+
+def test_the_pages_work_under_their_content_security_policy(browser: Any, run_tree: RunTree, tmp_path: Path) -> None:
+    """Found by review (N6): the pages could be framed by another site. They now send a content security
+    policy that allows only this origin's scripts: the run picker and the error page's Back link (inline
+    handlers before) work from app.js, the heatmap's style attributes still apply, and Chromium reports no
+    violation of the policy on any page."""
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(run_tree.run_dir, runs_dir / RUN)
+    shutil.copytree(run_tree.run_dir, runs_dir / "other-run")
+    web = start_web(runs_dir, port=0, client_factory=FakePolicyClients())
+    try:
+        browser.get_log("browser")  # what earlier tests left
+        browser.get(f"{web.url}league?run={RUN}")
+        cell = browser.find_element(By.CSS_SELECTOR, "#payoff td[style]")
+        assert cell.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
+        Select(browser.find_element(By.CSS_SELECTOR, "select[name=run]")).select_by_visible_text("other-run")
+        _wait(browser, lambda b: b.current_url.endswith("?run=other-run"), "the run picker's submit")
+        for page in ("", f"?run={RUN}", f"games?run={RUN}", f"play?run={RUN}"):
+            browser.get(web.url + page)
+        browser.get(f"{web.url}games/view?run={RUN}&id=nope")
+        browser.find_element(By.ID, "back").click()
+        _wait(browser, lambda b: b.current_url == f"{web.url}play?run={RUN}", "the Back link")
+        refused = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert refused == []
+    finally:
+        web.stop()

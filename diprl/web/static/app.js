@@ -128,6 +128,11 @@ function playForm() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  // No inline handlers (the content security policy allows this file's scripts only).
+  const pick = $("runpick");
+  if (pick) pick.onchange = () => pick.form.submit();
+  const back = $("back");
+  if (back && history.length > 1) back.onclick = (e) => { e.preventDefault(); history.back(); };
   if ($("charts")) followRun($("charts"));
   if ($("game-data")) viewer(JSON.parse($("game-data").textContent));
   if ($("newgame")) playForm();
