@@ -285,6 +285,25 @@ def test_corrupt_driver_counters_are_a_clear_error(tmp_path: Path, text: str) ->
         load_counters(tmp_path)
 
 
+def test_resume_refuses_a_config_yaml_with_aliases_at_once(tmp_path: Path) -> None:
+    """Found by review (N8): a 334-byte `config.yaml` of nested aliases took 127 s to load in `train.resume`.
+    A run's config is resolved YAML without aliases: one that has them is a clear error, at once."""
+    from tests.web.test_readers import yaml_bomb
+
+    run_dir = tmp_path / "run"
+    _new_run(run_dir)
+    saved = (run_dir / "config.yaml").read_text()
+    config, resolved = compose_config(["+experiment=smoke", f"train.resume={run_dir}"])
+    for text, why in ((yaml_bomb(5), "alias"), (saved + "extra: ${train}\n", "interpolation")):
+        (run_dir / "config.yaml").write_text(text)
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match=f"config.yaml does not load .*{why}"):
+            prepare_run_dir(config, resolved)
+        assert time.monotonic() - start < 5.0
+    (run_dir / "config.yaml").write_text(saved)
+    prepare_run_dir(config, resolved).release()
+
+
 def _learner_steps(run_dir: Path, name: str = "metrics.jsonl") -> list[int]:
     records = read_metrics(run_dir / name)  # trained steps (a restarted learner may log its publish, trained 0)
     return [r["step"] for r in records if r["kind"] == "learner" and r["policy"] == "main" and r.get("trained", 1)]

@@ -179,14 +179,14 @@ def _entries(path: Path) -> list[str]:
 
 
 def _check_resume(config: Config, path: Path, saved: Path) -> None:
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from diprl.learn.checkpoint import CheckpointDir
+    from diprl.run_yaml import load_run_yaml, read_run_yaml_text
 
     try:
-        previous = typed_config(OmegaConf.load(saved))
-    except (OmegaConfBaseException, ConfigError, ValueError) as exc:
+        previous = typed_config(load_run_yaml(read_run_yaml_text(saved), str(saved)))
+    except (OmegaConfBaseException, ConfigError, ValueError, OSError) as exc:
         raise ConfigError(f"resume={path}: its config.yaml does not load ({exc})") from exc
     if previous.experiment != config.experiment:
         raise ConfigError(

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diprl.run_yaml import read_run_yaml_text
+
 LOCK_FILE = ".lock"  # the driver's flock'ed lock (diprl.train.LOCK_FILE; not imported: train is heavy)
 PLAY_DIR = "play"  # games played in the browser, under the runs directory (never a run)
 
@@ -146,12 +148,16 @@ def _number(value: Any) -> bool:
 
 
 def _load_config(text: str) -> dict[str, Any]:
-    """The resolved config as plain data; {} when it does not parse (the page still shows the text)."""
+    """The resolved config as plain data; {} when it does not parse or is refused by the limits on a run's
+    YAML (`diprl.run_yaml`: no aliases, interpolations, deep nesting or megabytes); the page still shows
+    the text."""
     from omegaconf import OmegaConf
 
+    from diprl.run_yaml import load_run_yaml
+
     try:
-        data = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-    except Exception:  # any YAML or OmegaConf error: a config the page cannot summarise
+        data = OmegaConf.to_container(load_run_yaml(text, "config.yaml"), resolve=False)
+    except Exception:  # refused, or any YAML or OmegaConf error: a config the page cannot summarise
         return {}
     return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
 
@@ -167,7 +173,7 @@ def _get(config: dict[str, Any], *keys: str) -> Any:
 
 def run_info(runs_dir: Path, run_dir: Path) -> RunInfo:
     try:
-        text = (run_dir / "config.yaml").read_text(encoding="utf-8", errors="replace")
+        text = read_run_yaml_text(run_dir / "config.yaml")  # at most MAX_BYTES of it
     except OSError as exc:
         text = f"# config.yaml unreadable: {exc}"
     config = _load_config(text)

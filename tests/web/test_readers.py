@@ -42,6 +42,40 @@ def test_status_running_while_the_lock_is_held_then_finished_or_stopped(run_tree
     assert runs.run_status(run_dir) == "stopped"
 
 
+def yaml_bomb(levels: int) -> str:
+    """A "billion laughs" config.yaml: each level's list holds the previous one nine times (9**levels strings)."""
+    lines = ["experiment: smoke", "l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        yaml_bomb(5),  # the review's was 334 bytes of 9 levels: 127 s; 5 levels keep the unfixed code's run short
+        "experiment: smoke\n" + "".join(f"s{i}: ${{s{i - 1}}}${{s{i - 1}}}\n" for i in range(1, 30)) + "s0: lol\n",
+        "experiment: smoke\nx: " + "[" * 5000 + "]" * 5000 + "\n",
+        "experiment: smoke\n# " + "x" * (2 << 20) + "\n",
+    ],
+    ids=["aliases", "interpolations", "nesting", "size"],
+)
+def test_a_config_yaml_that_would_take_minutes_to_load_is_refused_at_once(
+    run_tree: RunTree, tmp_path: Path, text: str
+) -> None:
+    """Found by review (N8): a 334-byte `config.yaml` with nested aliases took 127 s to load in the runs page.
+    A run's config is resolved YAML: an alias, an interpolation, deep nesting or megabytes are refused
+    before OmegaConf builds anything; the page shows the text (cut to the limit) and no summary."""
+    import time
+
+    run_dir = _copy(run_tree, tmp_path)
+    (run_dir / "config.yaml").write_text(text)
+    start = time.monotonic()
+    info = runs.run_info(run_dir.parent, run_dir)
+    assert time.monotonic() - start < 2.0
+    assert info.config == {} and info.experiment == "?"
+    assert info.config_text.startswith("experiment: smoke") and len(info.config_text) <= (1 << 20) + 200
+
+
 def test_learning_curves_follow_the_metrics_file_and_skip_a_torn_line(run_tree: RunTree, tmp_path: Path) -> None:
     run_dir = _copy(run_tree, tmp_path)
     payload = runs.curves_payload(run_dir.parent, run_dir)
