@@ -304,6 +304,36 @@ def test_resume_refuses_a_config_yaml_with_aliases_at_once(tmp_path: Path) -> No
     prepare_run_dir(config, resolved).release()
 
 
+def test_the_league_summary_is_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review (L1): `league_summary.json` was rewritten in place, so a reader (the web app) or a
+    crash in the middle saw a torn file. The new summary replaces the old one whole: a reader holding the
+    old file still reads all of it, and no temporary file is left."""
+    import ray
+
+    from diprl.run.driver import Driver
+    from diprl.run.rundir import Counters
+
+    path = tmp_path / "league_summary.json"
+    path.write_text(json.dumps({"matches": 1}))
+    tracker = SimpleNamespace(close=lambda: None)
+    driver = SimpleNamespace(
+        run_dir=tmp_path,
+        learning=SimpleNamespace(save_checkpoints=lambda: None),
+        _log_serving=lambda: None,
+        actors=SimpleNamespace(league=SimpleNamespace(summary=SimpleNamespace(remote=lambda: "summary"))),
+        _main_rating=lambda: None,
+        journal=SimpleNamespace(log=lambda kind, values: None, tracker=tracker),
+        counters=Counters(),
+        config=SimpleNamespace(experiment="smoke"),
+    )
+    monkeypatch.setattr(ray, "get", lambda ref: {"matches": 2, "pool": ["main@v1"]})
+    with path.open() as before:
+        Driver._finish(driver)  # type: ignore[arg-type]
+        assert json.loads(before.read()) == {"matches": 1}  # the old file, whole, for whoever had it open
+    assert json.loads(path.read_text()) == {"matches": 2, "pool": ["main@v1"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["league_summary.json", "train_state.json"]
+
+
 def _learner_steps(run_dir: Path, name: str = "metrics.jsonl") -> list[int]:
     records = read_metrics(run_dir / name)  # trained steps (a restarted learner may log its publish, trained 0)
     return [r["step"] for r in records if r["kind"] == "learner" and r["policy"] == "main" and r.get("trained", 1)]

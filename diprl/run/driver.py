@@ -12,12 +12,12 @@ evaluation and the summary are written. A second signal aborts at once (Keyboard
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diprl.atomic_io import write_json_atomic
 from diprl.run.config import Config
 from diprl.run.evaluations import EvalSchedule
 from diprl.run.faults import Watchdog, chaos
@@ -252,7 +252,7 @@ class Driver:
         self.learning.save_checkpoints()
         self._log_serving()
         summary = ray.get(self.actors.league.summary.remote())
-        (self.run_dir / "league_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        write_json_atomic(self.run_dir / "league_summary.json", summary, indent=1)  # the web app may be reading it
         self.rating = self._main_rating()
         self.journal.log("league", {"league/rating": self.rating} if self.rating is not None else {})
         save_counters(self.run_dir, self.counters)
