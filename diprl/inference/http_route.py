@@ -11,12 +11,16 @@ together), so the route is held to its own small share:
 - generation goes through the engine's `generate_one`, which validates and tokenises off the event
   loop, so a long prompt does not stall the handle path's streams either.
 
-Every error is OpenAI-shaped JSON: `{"error": {"message": ..., "type": ...}}`.
+Every error is OpenAI-shaped JSON: `{"error": {"message": ..., "type": ...}}`. A caller learns what was
+wrong with its request and the kind of any other failure, never the server's paths or a policy's version
+list (an unknown adapter's error names the store and its versions): the full error goes to the server's
+log (`public_error`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from diprl.inference.adapters import BASE
 from diprl.messages import Generation, GenerationRequest
+
+log = logging.getLogger(__name__)
 
 Generate = Callable[[GenerationRequest], Awaitable[Generation]]
 """`PolicyEngine.generate_one`: one request in, one result out (never raises)."""
@@ -92,6 +98,27 @@ def status_of(error: str) -> int:
     return 400
 
 
+_ABOUT_THE_REQUEST = ("RequestError", "InvalidAdapterName", "Timeout", "ConstraintFailed")
+"""Failures whose message describes the caller's own request (or its time budget): shown as they are."""
+
+
+def public_error(error: str, model: str) -> str:
+    """What an HTTP caller is told of a failed generation: the error itself when it is about the request,
+    else its kind and a sentence without paths, versions or engine internals (those stay in the log)."""
+    kind = error.split(":", 1)[0]
+    model = model[:80]
+    if kind in _ABOUT_THE_REQUEST:
+        return error
+    if kind == "UnknownAdapter":
+        return f"UnknownAdapter: this server has no adapter {model!r} (GET /v1/models lists what it serves)"
+    if kind in ("AdapterError", "CorruptAdapter", "IncompatibleAdapter"):
+        return f"{kind}: adapter {model!r} cannot be served here; the server's log says why"
+    if kind == "EngineDead":
+        return "EngineDead: this replica's engine has died; Serve replaces it, retry"
+    kind = kind if kind.isidentifier() and len(kind) <= 40 else "InternalError"  # an exception's class name
+    return f"{kind}: the server failed to answer this request; its log says why"
+
+
 class CompletionsRoute:
     """`POST /v1/completions` for one replica; holds the count of completions in flight."""
 
@@ -136,7 +163,8 @@ class CompletionsRoute:
             )
         )
         if result.error:
-            return error_response(status_of(result.error), result.error)
+            log.warning("HTTP completion for %r failed: %s", body.model, result.error)
+            return error_response(status_of(result.error), public_error(result.error, body.model))
         prompt_tokens, completion_tokens = len(result.prompt_ids), len(result.token_ids)
         return JSONResponse(
             {
