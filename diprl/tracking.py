@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import secrets
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -86,6 +88,28 @@ class Tracker:
             self._wandb.finish()
 
 
+WANDB_ID_FILE = "wandb_run_id"
+_WANDB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The run's W&B id: made once (the directory's name plus a random suffix) and kept in the run directory,
+    so a resume continues its own W&B run and two runs whose directories share a name never share one."""
+    path = run_dir / WANDB_ID_FILE
+    try:
+        saved = path.read_text().strip()
+    except OSError:
+        saved = ""
+    if _WANDB_ID.fullmatch(saved):
+        return saved
+    from diprl.atomic_io import write_file_atomic
+
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", run_dir.resolve().name).strip("-")[:48] or "run"
+    made = f"{slug}-{secrets.token_hex(6)}"
+    write_file_atomic(path, f"{made}\n".encode())
+    return made
+
+
 def _start_wandb(run_dir: Path, config: Mapping[str, Any], project: str) -> Any:
     """W&B online only when a key is configured; offline (files in the run directory) otherwise."""
     try:
@@ -100,7 +124,7 @@ def _start_wandb(run_dir: Path, config: Mapping[str, Any], project: str) -> Any:
         config=dict(config),
         mode="online" if online else "offline",
         resume="allow",
-        id=run_dir.name.replace("/", "-"),
+        id=wandb_run_id(run_dir),
         settings=wandb.Settings(silent=True, console="off"),
     )
 

@@ -1,0 +1,44 @@
+"""The run's W&B identity: one per run directory, kept across resumes, never shared by two runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from diprl.tracking import Tracker
+
+
+@pytest.fixture
+def wandb_runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """A stand-in `wandb` module that records each `init`'s arguments (nothing is written or sent)."""
+    calls: list[dict[str, Any]] = []
+    fake = SimpleNamespace(
+        init=lambda **kwargs: calls.append(kwargs) or SimpleNamespace(log=lambda *a: None, finish=lambda: None),
+        Settings=lambda **kwargs: kwargs,
+    )
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return calls
+
+
+def _start(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    Tracker(run_dir, {"experiment": "smoke"}, use_wandb=True).close()
+
+
+def test_two_runs_whose_directories_share_a_name_get_their_own_wandb_run(
+    tmp_path: Path, wandb_runs: list[dict[str, Any]]
+) -> None:
+    """Found by review (L5): the W&B run id was the run directory's name, so two runs named alike (on two
+    machines, or under two runs directories) resumed into one W&B run and mixed their curves."""
+    _start(tmp_path / "a" / "smoke-20261201-101500")
+    _start(tmp_path / "b" / "smoke-20261201-101500")
+    _start(tmp_path / "a" / "smoke-20261201-101500")  # a resume of the first
+    first, second, resumed = (call["id"] for call in wandb_runs)
+    assert first != second
+    assert resumed == first and wandb_runs[2]["resume"] == "allow"
+    assert all(call["name"] == "smoke-20261201-101500" for call in wandb_runs)  # the name people read stays
+    assert first.startswith("smoke-20261201-101500-")
