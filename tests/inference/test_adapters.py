@@ -798,3 +798,41 @@ def test_prune_keeps_named_versions_and_the_newest_and_removes_the_rest(tmp_path
     with pytest.raises(InvalidAdapterName):
         store.prune("../p")
     assert [r.name for r in store.versions("p")] == ["p@v5", "p@v6", "p@v7"]
+
+
+def _modes(root: Path) -> dict[str, int]:
+    """Permission bits of `root` and everything under it, by relative path (links not followed)."""
+    found = {".": root.lstat().st_mode & 0o777}
+    for path in root.rglob("*"):
+        found[path.relative_to(root).as_posix()] = path.lstat().st_mode & 0o777
+    return found
+
+
+def test_published_and_cached_adapters_are_readable_by_their_owner_only(tmp_path: Path, loras: dict[str, Path]) -> None:
+    """Found by review (L6): published adapters (and the replica cache's copies) were world-readable: anyone
+    on the machine could copy a run's trained weights. Everything the store writes is its owner's alone:
+    directories 0700, version files 0400 (pins, the index and lock files 0600), whatever the umask."""
+    old_umask = os.umask(0o022)  # the usual umask: what left everything readable by all
+    try:
+        store = AdapterStore(tmp_path / "store")
+        store.publish("p", loras["a"])
+        store.publish("p", loras["b"])
+        cache = LocalAdapterCache(tmp_path / "cache", fetch=lambda name: pack_adapter(store.resolve(name)))
+        cached = cache.get("p@v2")
+        from diprl.inference.adapters.private import PrivateCopies
+
+        copies = PrivateCopies(tmp_path / "private")
+        private = copies.acquire(store.resolve("p@v1"))
+    finally:
+        os.umask(old_umask)
+    for root in (store.root, cache.cache.root, copies.root):
+        modes = _modes(root)
+        assert {path: mode for path, mode in modes.items() if mode & 0o077} == {}, root
+    version_files = [store.root / "p" / "v1" / name for name in (*adapters.ADAPTER_FILES, MANIFEST_FILE)]
+    assert {(f.stat().st_mode & 0o777) for f in version_files} == {0o400}
+    assert (store.root / "p" / "v1").stat().st_mode & 0o777 == 0o700
+    # The owner still reads, verifies, serves and prunes them.
+    assert store.resolve("p@v1").fingerprint == cache.get("p@v1").fingerprint
+    assert cached.path.is_dir() and (private / WEIGHTS_FILE).read_bytes() == (loras["a"] / WEIGHTS_FILE).read_bytes()
+    copies.close()
+    assert store.prune("p", keep_last=1) == [AdapterRef("p", 1)]

@@ -1,4 +1,10 @@
-"""Durable, symlink-refusing file operations the store and the replica cache share."""
+"""Durable, symlink-refusing file operations the store and the replica cache share.
+
+Everything they write is their owner's alone, whatever the umask: directories 0700 (`make_dir`), files
+created 0600 (`write_bytes`, `copy_hashing`, lock files) and a published version's files 0400 (`freeze`).
+A run's trained weights are not for every user of the machine to copy; the PolicyServer, the learner and
+the web app read them as the same user.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +25,43 @@ from diprl.atomic_io import fsync_dir
 TMP_PREFIX = ".tmp-"
 _STALE_TMP_AGE_S = 24 * 3600.0
 _CHUNK = 1 << 20
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+FROZEN_MODE = 0o400
+
+
+def _create(path: Path) -> int:
+    """A new or truncated file for writing, 0600 from the start, never through a symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)  # a file that existed keeps its mode through O_CREAT
+    return fd
+
+
+def make_dir(path: Path, exist_ok: bool = False) -> None:
+    """`path.mkdir`, 0700 (its parents must exist); an existing directory is left as it is."""
+    try:
+        path.mkdir(mode=DIR_MODE)
+    except FileExistsError:
+        if not exist_ok or not path.is_dir():
+            raise
+        return
+    path.chmod(DIR_MODE)  # mkdir's mode is masked by the umask; this one is not
+
+
+def make_dirs(path: Path) -> None:
+    """`path` and any missing parents, each one created here 0700 (those that exist are left as they are)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for directory in reversed(missing):
+        make_dir(directory, exist_ok=True)
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    with path.open("wb") as fh:
+    with os.fdopen(_create(path), "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -32,7 +71,7 @@ def copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
     """Copy `src` to `dst` durably; (size, sha256) of the bytes written."""
     digest = hashlib.sha256()
     size = 0
-    with src.open("rb") as fin, dst.open("wb") as fout:
+    with src.open("rb") as fin, os.fdopen(_create(dst), "wb") as fout:
         for chunk in iter(lambda: fin.read(_CHUNK), b""):
             digest.update(chunk)
             fout.write(chunk)
@@ -72,15 +111,15 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def freeze(directory: Path) -> None:
-    """Files read-only for everyone, directory world-readable: versions are shared and never edited."""
+    """Files read-only, for their owner alone (0400), directory 0700: versions are never edited."""
     for entry in directory.iterdir():
-        entry.chmod(0o444)
-    directory.chmod(0o755)
+        entry.chmod(FROZEN_MODE)
+    directory.chmod(DIR_MODE)
 
 
 def rmtree_frozen(path: Path) -> None:
     if is_real_dir(path):
-        path.chmod(0o755)
+        path.chmod(DIR_MODE)
         shutil.rmtree(path, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):
@@ -106,7 +145,8 @@ def locked(path: Path) -> Iterator[None]:
     """An advisory inter-process lock, so concurrent index rewrites do not lose each other's versions."""
     import fcntl
 
-    with path.open("a+b") as fh:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    with os.fdopen(fd, "r+b") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield

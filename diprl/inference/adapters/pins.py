@@ -45,7 +45,7 @@ def write_pin(root: Path, ref: AdapterRef, fingerprint: str) -> None:
     pins = root / PINS_DIR
     if pins.is_symlink():
         raise CorruptAdapter(f"{pins} is a symlink: the store refuses to write pins through it")
-    pins.mkdir(parents=True, exist_ok=True)
+    _fs.make_dirs(pins)
     target = pin_path(root, ref)
     tmp = pins / f"{_fs.TMP_PREFIX}{ref.name}-{uuid.uuid4().hex}"
     try:

@@ -46,7 +46,7 @@ class PrivateCopies:
             self.root = Path(tempfile.mkdtemp(prefix="diprl-loras-"))
         else:
             self.root = Path(root)
-            self.root.mkdir(parents=True, exist_ok=True)
+            _fs.make_dirs(self.root)
         self.root.chmod(0o700)
         self._users: Counter[str] = Counter()
         self._guard = threading.Lock()
@@ -65,7 +65,7 @@ class PrivateCopies:
                 return target
         try:
             tmp = self.root / f"{_fs.TMP_PREFIX}{uuid.uuid4().hex}"
-            tmp.mkdir()
+            _fs.make_dir(tmp)
             try:
                 for f in version.files:
                     source = version.path / f.name
@@ -113,5 +113,5 @@ class PrivateCopies:
         with contextlib.suppress(OSError):
             for entry in self.root.iterdir():
                 with contextlib.suppress(OSError):
-                    entry.chmod(0o755)
+                    entry.chmod(_fs.DIR_MODE)
             shutil.rmtree(self.root, ignore_errors=True)

@@ -3,7 +3,7 @@
 Layout of a store (the directory is the source of truth; `index.json` is a convenience):
 
     root/index.json                           every policy's versions, rewritten atomically
-    root/<policy>/v<N>/adapter_config.json    PEFT files, copied byte for byte, read-only
+    root/<policy>/v<N>/adapter_config.json    PEFT files, copied byte for byte, read-only for the owner alone
     root/<policy>/v<N>/adapter_model.safetensors
     root/<policy>/v<N>/DIPRL_MANIFEST.json    size + sha256 of each file, rank, alpha, modules, base
     root/<policy>/.tmp-<uuid>/                a publish in progress (never listed)
@@ -173,7 +173,7 @@ class AdapterStore:
         Called after every publish; tools may call it too. Holds a lock so two publishers cannot
         interleave scan and write and drop each other's new version.
         """
-        self.root.mkdir(parents=True, exist_ok=True)
+        _fs.make_dirs(self.root)
         _fs.sweep_stale_tmp(self.root)
         with _fs.locked(self.root / ".index.lock"):
             current = self.index()
@@ -204,12 +204,12 @@ class AdapterStore:
         if policy_dir.is_symlink() or (policy_dir.exists() and not _fs.is_real_dir(policy_dir)):
             raise CorruptAdapter(f"{policy_dir} is a symlink or not a directory: the store refuses to publish there")
         if not policy_dir.is_dir():
-            self.root.mkdir(parents=True, exist_ok=True)
-            policy_dir.mkdir(exist_ok=True)
+            _fs.make_dirs(self.root)
+            _fs.make_dir(policy_dir, exist_ok=True)
             fsync_dir(self.root)
         _fs.sweep_stale_tmp(policy_dir)
         tmp = policy_dir / f"{_fs.TMP_PREFIX}{uuid.uuid4().hex}"
-        tmp.mkdir()
+        _fs.make_dir(tmp)
         try:
             if isinstance(source, str | Path):
                 ref = self._publish_from(Path(source), tmp, policy, base_model)
@@ -263,7 +263,7 @@ class AdapterStore:
                 except OSError as err:
                     if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
                         raise
-                    (tmp / MANIFEST_FILE).chmod(0o644)
+                    (tmp / MANIFEST_FILE).chmod(_fs.FILE_MODE)
                     number = max([number, *version_numbers(tmp.parent)]) + 1
                     continue
                 fsync_dir(tmp.parent)

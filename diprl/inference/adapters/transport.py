@@ -95,11 +95,11 @@ def materialize(packed: Mapping[str, bytes], cache_root: Path | str) -> AdapterV
         return existing
     if target.parent.is_symlink():
         raise CorruptAdapter(f"{target.parent} is a symlink: the replica cache refuses to write through it")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _fs.make_dirs(target.parent)
     _fs.sweep_stale_tmp(target.parent)
     tmp = target.parent / f"{_fs.TMP_PREFIX}{uuid.uuid4().hex}"
     trash: Path | None = None
-    tmp.mkdir()
+    _fs.make_dir(tmp)
     try:
         for name, data in packed.items():
             _fs.write_bytes(tmp / name, data)
