@@ -52,7 +52,7 @@ class PretrainConfig:
     prefix_min_tokens: int = 32  # the shortest prefix forwarded once for the records sharing it
     seed: int = 0
     max_minutes: float = 0.0  # > 0: stop after this many minutes of training (the lr schedule is unchanged)
-    threads: int = 2  # torch threads (0: torch's default)
+    threads: int = 1  # torch threads (0: torch's default); 2 spin-waiting OpenMP threads on a shared machine crawl
     eval_batch_size: int = 32
     out: str = "runs/pretrain"  # the report and per-step metrics
     quiet: bool = False
