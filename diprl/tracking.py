@@ -143,20 +143,30 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 class ProgressLine:
-    """One status line: rewritten in place on a terminal, printed every `every_s` seconds otherwise."""
+    """One status line: rewritten in place on a terminal (at most once a second); otherwise (a log file, a
+    pipe) one line per learner step, at most one every `every_s` seconds, and a forced line whenever its
+    text is new. A log then holds each step once: printing on a clock alone repeated a slow step's line."""
 
     def __init__(self, every_s: float = 10.0, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
         self.every_s = every_s
         self.tty = self.stream.isatty()
         self._last = 0.0
+        self._step: Any = object()  # the step of the last line printed (none yet)
+        self._text = ""
 
     def update(self, fields: Mapping[str, Any], force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._last < (1.0 if self.tty else self.every_s):
-            return
-        self._last = now
         text = "  ".join(f"{k} {_fmt(v)}" for k, v in fields.items())
+        if self.tty:
+            due = force or now - self._last >= 1.0
+        elif force:
+            due = text != self._text
+        else:
+            due = fields.get("step") != self._step and now - self._last >= self.every_s
+        if not due:
+            return
+        self._last, self._step, self._text = now, fields.get("step"), text
         if self.tty:
             self.stream.write("\r\033[K" + text)
         else:

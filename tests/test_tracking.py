@@ -42,3 +42,27 @@ def test_two_runs_whose_directories_share_a_name_get_their_own_wandb_run(
     assert resumed == first and wandb_runs[2]["resume"] == "allow"
     assert all(call["name"] == "smoke-20261201-101500" for call in wandb_runs)  # the name people read stays
     assert first.startswith("smoke-20261201-101500-")
+
+
+def test_a_log_gets_each_learner_step_once_and_a_forced_line_only_when_new(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from diprl import tracking
+
+    clock = [100.0]
+    monkeypatch.setattr(tracking.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()  # not a terminal: a log file
+    line = tracking.ProgressLine(every_s=10.0, stream=out)
+    for t, step in [(0, 0), (11, 0), (30, 0), (31, 1), (35, 2), (50, 2), (61, 3)]:
+        clock[0] = 100.0 + t
+        line.update({"step": step, "reward": 0.5})
+    line.update({"step": 3, "reward": 0.5}, force=True)  # the same text: not again
+    line.update({"step": 3, "reward": 0.5, "eval_sc": 4.0}, force=True)  # the final evaluation: new
+    assert [row.split("  ")[0] for row in out.getvalue().splitlines()] == [
+        "step 0",
+        "step 1",
+        "step 2",
+        "step 3",
+        "step 3",
+    ]
+    assert out.getvalue().splitlines()[-1].endswith("eval_sc 4")
