@@ -19,7 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-# Metrics exported to the Ray dashboard (Prometheus names); every value is tagged with the policy.
+# Metrics exported to the Ray dashboard (Prometheus names); every value is tagged with the policy, and an
+# evaluation's also with its opponents (one evaluation logs a line per opponent: untagged, Random's and
+# DumbBot's results overwrote each other in one series).
+TAGGED_BY_OPPONENTS = frozenset({"eval/hero_mean_sc", "eval/hero_solo_rate"})
 RAY_GAUGES = {
     "learner/step": ("diprl_learner_step", "learner steps taken"),
     "policy_lag_mean": ("diprl_policy_lag", "mean versions between the sampling policy and the learner"),
@@ -51,7 +54,8 @@ class Tracker:
             from ray.util import metrics
 
             for key, (name, description) in RAY_GAUGES.items():
-                self._gauges[key] = metrics.Gauge(name, description=description, tag_keys=("policy",))
+                tags = ("policy", "opponents") if key in TAGGED_BY_OPPONENTS else ("policy",)
+                self._gauges[key] = metrics.Gauge(name, description=description, tag_keys=tags)
         except Exception:  # no Ray worker context (unit tests): the JSONL file is enough
             self._gauges = {}
 
@@ -61,12 +65,15 @@ class Tracker:
         self._file.write(json.dumps(record, default=str) + "\n")
         self._file.flush()
         numbers = {k: v for k, v in values.items() if _finite(v)}
+        opponents = str(values.get("opponents", ""))
+        series = f"[{opponents}]" if opponents else ""  # W&B: one series per opponent set, as the gauges
         if self._wandb is not None and numbers:
-            self._wandb.log({f"{policy}/{k}": v for k, v in numbers.items()})
+            self._wandb.log({f"{policy}/{k}{series}": v for k, v in numbers.items()})
         for key, value in numbers.items():
             gauge = self._gauges.get(key)
             if gauge is not None:
-                gauge.set(float(value), tags={"policy": policy})
+                tags = {"policy": policy, "opponents": opponents} if key in TAGGED_BY_OPPONENTS else {"policy": policy}
+                gauge.set(float(value), tags=tags)
 
     def move_records(self, drop: Callable[[dict[str, Any]], bool], moved_to: Path) -> int:
         """Move the records `drop` selects out of the metrics file (to `moved_to`); their number.

@@ -66,3 +66,29 @@ def test_a_log_gets_each_learner_step_once_and_a_forced_line_only_when_new(monke
         "step 3",
     ]
     assert out.getvalue().splitlines()[-1].endswith("eval_sc 4")
+
+
+def test_an_evaluation_per_opponent_is_its_own_series(tmp_path: Path, wandb_runs: list[dict[str, Any]]) -> None:
+    """Random's and DumbBot's evaluation of one version are two series in the gauges and in W&B, not one."""
+    from diprl.tracking import TAGGED_BY_OPPONENTS
+
+    logged: list[dict[str, float]] = []
+    sets: list[tuple[str, float, dict[str, str]]] = []
+    tracker = Tracker(tmp_path, {"experiment": "smoke"}, use_wandb=True)
+    tracker._wandb = SimpleNamespace(log=logged.append, finish=lambda: None)
+    tracker._gauges = {
+        key: SimpleNamespace(set=lambda value, tags, key=key: sets.append((key, value, tags)))
+        for key in ("eval/hero_mean_sc", "learner/step")
+    }
+    for opponents, centres in (("bot:random", 9.5), ("bot:dumbbot", 3.5)):
+        tracker.log("eval", {"step": 4, "opponents": opponents, "eval/hero_mean_sc": centres})
+    tracker.log("learner", {"learner/step": 4})
+    tracker.close()
+    assert sets == [
+        ("eval/hero_mean_sc", 9.5, {"policy": "main", "opponents": "bot:random"}),
+        ("eval/hero_mean_sc", 3.5, {"policy": "main", "opponents": "bot:dumbbot"}),
+        ("learner/step", 4.0, {"policy": "main"}),
+    ]
+    assert logged[0]["main/eval/hero_mean_sc[bot:random]"] == 9.5
+    assert logged[1]["main/eval/hero_mean_sc[bot:dumbbot]"] == 3.5
+    assert "eval/hero_mean_sc" in TAGGED_BY_OPPONENTS
