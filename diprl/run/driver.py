@@ -12,6 +12,9 @@ evaluation and the summary are written. A second signal aborts at once (Keyboard
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +65,7 @@ class Stop:
 
 @dataclass
 class Actors:
-    """Everything a run created, by role (see `diprl.train.start_actors`)."""
+    """Everything a run created, by role (see `diprl.run.actors.start_actors`)."""
 
     serve_app: str
     league: Any
@@ -262,3 +265,31 @@ class Driver:
             self.run_dir / "plots" / "learning_curves.png",
             title=f"{self.config.experiment}: {self.run_dir.name}",
         )
+
+
+def stop_on_signals(stop: Stop) -> dict[int, Any]:
+    """SIGINT/SIGTERM: the first asks the run to stop and drain; the second aborts (KeyboardInterrupt).
+
+    Installed after `ray.init`, which sets its own SIGTERM handler (exit at once). Returns the handlers
+    replaced, to put back.
+    """
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt(f"second signal ({signal.Signals(signum).name}): aborting")
+        name = signal.Signals(signum).name
+        print(
+            f"\n{name}: finishing the steps in flight, then the final checkpoint, evaluation and summary "
+            "(send it again to abort)",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop.request(f"signal {name}", 128 + signum)
+
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+    return previous
