@@ -135,12 +135,12 @@ def run(config: PretrainConfig, cache: Path | None = None, conf_dir: Path | None
     model.config.use_cache = False
     use_prefix_attention(model)
     scorer = CompletionScorer(model)
-    from diprl.policy.tokenizer import load_tokenizer
+    from diprl.policy.tokenizer import load_tokenizer, pad_token_id
     from diprl.policy.vocab import token_table
 
     tokenizer = load_tokenizer(random_body)
     table = token_table(tokenizer, preset.tiny.vocab_size)
-    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else table.eos_id)
+    pad_id = pad_token_id(tokenizer)
 
     start = time.perf_counter()
     before = evaluate_agreement(model, data.heldout, table, pad_id, config.eval_batch_size)

@@ -72,7 +72,7 @@ from diprl.learn.train_state import base_optimizer, engine_state, restore_engine
 from diprl.learn.versions import VersionBook
 from diprl.messages import ZOO_PREFIX, StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
-from diprl.policy.tokenizer import load_tokenizer
+from diprl.policy.tokenizer import load_tokenizer, pad_token_id
 from diprl.policy.vocab import token_table
 
 logger = logging.getLogger(__name__)
@@ -152,8 +152,7 @@ class Learner:
         tokenizer = load_tokenizer(resolve_model_path(self.preset))
         self.vocab_size = self.preset.tiny.vocab_size if self.preset.tiny is not None else None
         self.table = token_table(tokenizer, self.vocab_size)
-        pad = tokenizer.pad_token_id
-        self.pad_id = int(pad) if pad is not None else int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+        self.pad_id = pad_token_id(tokenizer)
         self.checkpoints = CheckpointDir(
             self.run_dir / "checkpoints" / config.policy, keep=config.keep_checkpoints, required=CHECKPOINT_FILES
         )

@@ -460,3 +460,10 @@ def load_tokenizer(model_path: str | Path | None = None) -> Any:
     except OSError as err:
         offline = " (HF_HUB_OFFLINE is set: only the local Hugging Face cache is searched)" if hub_offline() else ""
         raise FileNotFoundError(f"no local directory {name!r} and no tokenizer for it on the hub{offline}") from err
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else `<|endoftext|>` (Qwen3 has no pad token of
+    its own; padded positions are masked, so any id would do, but the learner and pretraining agree)."""
+    pad = tokenizer.pad_token_id
+    return int(pad) if pad is not None else int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
