@@ -125,7 +125,7 @@ def server_config(config: EvaluateConfig) -> ServerConfig:
 @contextlib.contextmanager
 def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     """A local Ray (loopback) with the PolicyServer serving `config.adapters`, torn down afterwards."""
-    from diprl.inference.server import serving
+    from diprl.inference.deploy import serving
     from diprl.raysession import ray_session
     from diprl.rollout.clients import ServeClient
 

@@ -37,7 +37,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
     The summary's `stopped` says why a run ended before its budget (a signal, a failed actor) and
     `exit_code` what `main` returns: 0 at the budget, 1 after a failure, 128 + the signal's number.
     """
-    from diprl.inference.server import deploying
+    from diprl.inference.deploy import deploying
     from diprl.raysession import ray_session
     from diprl.run.journal import Journal
     from diprl.run.progress import RunStats

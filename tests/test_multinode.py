@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from diprl.inference.config import ServerConfig
-from diprl.inference.server import free_port, replica_options
+from diprl.inference.deploy import replica_options
+from diprl.ports import free_port
 from diprl.run.config import ConfigError, PlacementConfig, compose_config
 from diprl.run.rundir import config_differences, run_namespace, serve_app_name
 from diprl.tracking import read_metrics

@@ -62,7 +62,7 @@ def test_prometheus_reads_diprl_learner_step_through_rays_service_discovery(shor
         pytest.skip("needs Debian's prometheus")
     import ray
 
-    from diprl.inference.server import free_port
+    from diprl.ports import free_port
     from diprl.raysession import connect
     from diprl.tracking import Tracker
 

@@ -53,8 +53,8 @@ def _requests(n: int, policies: Sequence[str]) -> list[GenerationRequest]:
 
 def bare_engine(config: Any, requests: list[GenerationRequest], rounds: int) -> tuple[float, float]:
     """(tokens/s of the bare async engine, seconds per request spent validating it before the engine)."""
+    from diprl.inference.policy_engine import PolicyEngine
     from diprl.inference.requests import validate_request
-    from diprl.inference.server import PolicyEngine
 
     async def run() -> tuple[float, float]:
         engine = PolicyEngine(config)
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from diprl.inference.adapters import AdapterStore
     from diprl.inference.config import ServerConfig
-    from diprl.inference.server import serving
+    from diprl.inference.deploy import serving
     from diprl.policy.models import save_random_lora
     from diprl.raysession import ray_session
 

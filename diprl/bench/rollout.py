@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nbare game layer, same matches and phase counts, one process: {bare_rate:.1f} phases/s")
         if not args.skip_model:
             from diprl.inference.config import ServerConfig
-            from diprl.inference.server import serving
+            from diprl.inference.deploy import serving
 
             server = ServerConfig(
                 model="tiny",

@@ -92,7 +92,7 @@ def tokens_of(results: Sequence[Generation]) -> int:
 
 def _measure(path: Path, dtype: str, requests: list[GenerationRequest], batches: Sequence[int]) -> dict[int, Rate]:
     from diprl.inference.config import ServerConfig
-    from diprl.inference.server import PolicyEngine
+    from diprl.inference.policy_engine import PolicyEngine
 
     root = Path(tempfile.mkdtemp(prefix="diprl-bench-vocab-"))
     config = ServerConfig(

@@ -247,7 +247,7 @@ def with_preset_lora_rank(config: ServerConfig) -> ServerConfig:
     A training run's composed config gets this from its model preset; a standalone server
     (`python -m diprl.evaluate server=<name>`) has only its YAML, which would otherwise have to repeat the
     preset's rank. A `model` that is a checkpoint path names no preset and keeps its setting. Presets are
-    looked up where the server resolves `model` (`server.resolve_model`), the default conf directory.
+    looked up where the server resolves `model` (`policy_engine.resolve_model`), the default conf directory.
     """
     from diprl.policy.models import known_presets, load_preset
 

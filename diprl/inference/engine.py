@@ -1,4 +1,5 @@
-"""A vLLM engine set up for order generation, and a batch helper that returns what RL needs.
+"""vLLM engines set up for order generation (offline `make_llm`, the PolicyServer's async `start_async_engine`),
+and a batch helper that returns what RL needs.
 
 Every request in a batch carries its own legal orders, so the seven powers of a phase, the forks
 of a group and free (unconstrained) baselines all go through one `generate` call. Behaviour
@@ -11,10 +12,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diprl.game.legal import PowerOrders
 from diprl.policy.parser import ParsedOrders, legal_complete, parse_orders
+
+if TYPE_CHECKING:
+    from diprl.inference.config import ServerConfig
 
 # Settings every engine here needs: single-process engine core, CPU KV cache size, V1 model runner
 # (docs/policy.md, "The vLLM runner").
@@ -72,6 +76,38 @@ def make_llm(config: EngineConfig) -> Any:
         kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras)
     kwargs.update(config.extra)
     return LLM(**kwargs)
+
+
+def start_async_engine(config: ServerConfig, model_path: str, dtype: str) -> Any:
+    """vLLM's `AsyncLLM` for a PolicyServer replica: every LoRA slot of `config`, the order constraint installed,
+    processed logprobs, and with tensor parallelism Ray workers for the shards."""
+    engine_env()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from diprl.inference.logits_processor import OrderConstraintLogitsProcessor
+
+    engine_args: dict[str, Any] = dict(
+        model=model_path,
+        dtype=dtype,
+        max_model_len=config.max_model_len,
+        enable_prefix_caching=config.enable_prefix_caching,
+        max_num_seqs=config.max_num_seqs,
+        enable_lora=True,
+        max_lora_rank=config.max_lora_rank,
+        max_loras=config.max_loras,
+        max_cpu_loras=max(config.max_cpu_loras, config.max_loras),
+        logits_processors=[OrderConstraintLogitsProcessor],
+        logprobs_mode="processed_logprobs",
+        generation_config="vllm",
+        seed=config.seed,
+        tensor_parallel_size=config.tensor_parallel_size,
+        **config.engine_extra,
+    )
+    if config.tensor_parallel_size > 1:
+        # Ray workers in the replica's own placement group (see `deploy.replica_options`), one per GPU bundle.
+        engine_args["distributed_executor_backend"] = "ray"
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -38,6 +37,7 @@ from diprl.learn.intake import GroupIntake
 from diprl.learn.ranks import RankSpec
 from diprl.learn.versions import VersionBook
 from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
+from diprl.ports import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +57,6 @@ class GroupFailure(Exception):
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return (RuntimeError, (str(self),))  # what reaches a caller in another process: the message
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class LearnerRank:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from diprl.learn.prefix_attention import IMPLEMENTATION, use_prefix_attention
 from diprl.learn.ranks import RankSpec
 from diprl.policy.logprobs import allowed_mask
 from diprl.policy.models import ModelPreset, resolve_model_path
+from diprl.ports import free_port
 
 DENSE_THRESHOLD = 4096
 """Above this many allowed ids at some position of a chunk (free reasoning), mask the dense logits instead."""
@@ -271,12 +271,6 @@ def completion_logprobs(
     return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def process_group_options(use_gpu: bool, local_rank: int) -> dict[str, Any]:
     """Backend of the learner's process group and, on GPUs, its device.
 
@@ -312,7 +306,7 @@ def init_distributed(use_gpu: bool, rank: RankSpec | None = None) -> None:
         # TCP store would need a port free HERE (a parent's inherited MASTER_PORT is still bound by that
         # parent) and torch's socket code asks DNS for the name of ::ffff:127.0.0.1 when it connects.
         rank = RankSpec(0, 1, (Path(tempfile.mkdtemp(prefix="diprl-learner-")) / "rendezvous").as_uri())
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
         os.environ["MASTER_ADDR"] = "127.0.0.1"
     # Each rank is a Ray actor that sees only its own GPU: its local device is always 0.
     for key, value in (("RANK", rank.rank), ("LOCAL_RANK", 0), ("WORLD_SIZE", rank.world_size)):

@@ -51,7 +51,7 @@ class ServeClient:
     @property
     def handle(self) -> Any:
         """The deployment's handle, got at the first call: a training run creates its workers and evaluator
-        while its PolicyServer is still deploying (`diprl.inference.server.deploying`)."""
+        while its PolicyServer is still deploying (`diprl.inference.deploy.deploying`)."""
         if self._handle is None:
             from ray import serve
 

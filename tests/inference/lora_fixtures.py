@@ -47,7 +47,7 @@ def serve_in_process(config: ServerConfig, requests: Sequence[GenerationRequest 
     """What the PolicyServer deployment's engine (`PolicyEngine`, the code each replica runs) answers to
     `requests`, started in this process and shut down afterwards: the served side of a parity test, without
     Ray Serve. torch's thread count is put back afterwards, because vLLM pins it to one thread in-process."""
-    from diprl.inference.server import PolicyEngine
+    from diprl.inference.policy_engine import PolicyEngine
 
     async def serve() -> list[Generation]:
         engine = PolicyEngine(config)

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from diprl.inference import server as server_module
+from diprl.inference import deploy
 from diprl.inference.config import ServerConfig
+from diprl.ports import free_port, port_in_use
 
 
 @pytest.fixture
@@ -20,17 +21,17 @@ def busy_port() -> Iterator[int]:
 
 
 def test_port_in_use_sees_a_listener(busy_port: int) -> None:
-    assert server_module.port_in_use("127.0.0.1", busy_port)
-    free = server_module.free_port("127.0.0.1")
-    assert not server_module.port_in_use("127.0.0.1", free)
+    assert port_in_use("127.0.0.1", busy_port)
+    free = free_port("127.0.0.1")
+    assert not port_in_use("127.0.0.1", free)
 
 
 def test_serve_policy_fails_fast_on_a_port_another_process_holds(
     busy_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server_module, "_serve_running", lambda: False)
+    monkeypatch.setattr(deploy, "_serve_running", lambda: False)
     started: list[object] = []
-    monkeypatch.setattr(server_module.serve, "start", lambda **kwargs: started.append(kwargs))
+    monkeypatch.setattr(deploy.serve, "start", lambda **kwargs: started.append(kwargs))
     with pytest.raises(OSError, match=f"127.0.0.1:{busy_port}: the port is already in use"):
-        server_module.serve_policy(ServerConfig(port=busy_port))
+        deploy.serve_policy(ServerConfig(port=busy_port))
     assert started == []  # refused before Serve was asked to bind anything

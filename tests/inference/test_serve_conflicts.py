@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from diprl.inference import server as server_module
+from diprl.inference import deploy
 from diprl.inference.config import ServerConfig
 
 
@@ -62,9 +62,9 @@ class FakeServe:
 def fake_serve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeServe:
     fake = FakeServe()
     for name in ("status", "get_app_handle", "start", "run", "delete"):
-        monkeypatch.setattr(server_module.serve, name, getattr(fake, name))
-    monkeypatch.setattr(server_module, "_serve_running", lambda: True)
-    monkeypatch.setattr(server_module, "resolve_model", lambda config: (str(tmp_path / "model"), "float32"))
+        monkeypatch.setattr(deploy.serve, name, getattr(fake, name))
+    monkeypatch.setattr(deploy, "_serve_running", lambda: True)
+    monkeypatch.setattr(deploy, "resolve_model", lambda config: (str(tmp_path / "model"), "float32"))
     return fake
 
 
@@ -76,14 +76,14 @@ def test_a_second_run_is_refused_before_its_server_repoints_the_first_one(
     tmp_path: Path, fake_serve: FakeServe
 ) -> None:
     fake_serve.apps["policy"] = {"adapter_root": str(tmp_path / "run-a")}
-    with pytest.raises(server_module.ServeConflict, match=r"'policy' already serves adapters from .*run-a"):
-        server_module.serve_policy(config(tmp_path, "run-b"))
+    with pytest.raises(deploy.ServeConflict, match=r"'policy' already serves adapters from .*run-a"):
+        deploy.serve_policy(config(tmp_path, "run-b"))
     assert fake_serve.calls == []  # nothing deployed, nothing started
-    server_module.stop_serving("policy", adapter_root=tmp_path / "run-b")  # the refused run's cleanup
+    deploy.stop_serving("policy", adapter_root=tmp_path / "run-b")  # the refused run's cleanup
     assert fake_serve.calls == []  # ... leaves the first run's server alone
-    assert server_module.serve_policy(config(tmp_path, "run-b", name="policy-b")) == "policy-b"  # its own app
-    assert server_module.serve_policy(config(tmp_path, "run-a")) == "policy"  # the same store: an update
-    server_module.stop_serving("policy", adapter_root=tmp_path / "run-a")
+    assert deploy.serve_policy(config(tmp_path, "run-b", name="policy-b")) == "policy-b"  # its own app
+    assert deploy.serve_policy(config(tmp_path, "run-a")) == "policy"  # the same store: an update
+    deploy.stop_serving("policy", adapter_root=tmp_path / "run-a")
     assert fake_serve.calls[-1] == "delete policy"
 
 
@@ -91,11 +91,11 @@ def test_an_application_that_cannot_say_whose_it_is_is_neither_replaced_nor_dele
     tmp_path: Path, fake_serve: FakeServe
 ) -> None:
     fake_serve.apps["policy"] = AttributeError("'ChatApp' has no method 'identity'")
-    with pytest.raises(server_module.ServeConflict, match="did not say which adapter store it serves"):
-        server_module.serve_policy(config(tmp_path, "run-a"))
-    server_module.stop_serving("policy", adapter_root=tmp_path / "run-a")
+    with pytest.raises(deploy.ServeConflict, match="did not say which adapter store it serves"):
+        deploy.serve_policy(config(tmp_path, "run-a"))
+    deploy.stop_serving("policy", adapter_root=tmp_path / "run-a")
     assert fake_serve.calls == []
-    server_module.stop_serving("policy")  # by name alone: the caller knows it is theirs
+    deploy.stop_serving("policy")  # by name alone: the caller knows it is theirs
     assert fake_serve.calls == ["delete policy"]
 
 
@@ -112,8 +112,8 @@ def test_deploying_runs_the_block_while_the_replicas_start_and_deletes_only_what
         fake_serve.apps[name] = {"adapter_root": str(tmp_path / "run-a")}
         return fake_serve.run(*args, name=name, **kwargs)
 
-    monkeypatch.setattr(server_module.serve, "run", run)
-    with server_module.deploying(config(tmp_path, "run-a")) as deployment:
+    monkeypatch.setattr(deploy.serve, "run", run)
+    with deploy.deploying(config(tmp_path, "run-a")) as deployment:
         assert not deployment.done()
         replicas_up.set()
         assert deployment.result(timeout=10) == "policy"
@@ -122,15 +122,15 @@ def test_deploying_runs_the_block_while_the_replicas_start_and_deletes_only_what
     # The block fails while the replicas start: the server is deleted once its deployment returned.
     replicas_up.clear()
     fake_serve.calls.clear()
-    with pytest.raises(RuntimeError, match="an actor failed"), server_module.deploying(config(tmp_path, "run-a")):
+    with pytest.raises(RuntimeError, match="an actor failed"), deploy.deploying(config(tmp_path, "run-a")):
         threading.Timer(0.2, replicas_up.set).start()
         raise RuntimeError("an actor failed")
     assert fake_serve.calls == ["start", "run policy", "delete policy"]
 
     # Refused (another run's store): its error reaches the caller, and the other run's server stays.
     fake_serve.calls.clear()
-    refused = pytest.raises(server_module.ServeConflict, match="already serves adapters from")
-    with refused, server_module.deploying(config(tmp_path, "run-b")) as deployment:
+    refused = pytest.raises(deploy.ServeConflict, match="already serves adapters from")
+    with refused, deploy.deploying(config(tmp_path, "run-b")) as deployment:
         deployment.result(timeout=10)
     assert fake_serve.calls == []
 

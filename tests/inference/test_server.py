@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 import urllib.error
@@ -26,15 +25,10 @@ from diprl.policy.models import create_tiny_model, load_preset, logits_width, re
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
+from diprl.ports import free_port
 from diprl.raysession import connect
 
 from .lora_fixtures import make_lora_dir
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -50,7 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     import ray
     from ray import serve
 
-    from diprl.inference.server import serve_policy
+    from diprl.inference.deploy import serve_policy
 
     root = tmp_path_factory.mktemp("server")
     store = AdapterStore(root / "adapters")
@@ -59,7 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     }
     for name, path in lora_dirs.items():
         assert store.publish(name.split("@")[0], path).name == name
-    port = _free_port()
+    port = free_port()
     connect(address="local", num_cpus=4)
     from diprl.inference.registry import REGISTRY_NAME, start_registry
 
@@ -345,7 +339,7 @@ def test_a_second_server_for_another_adapter_store_is_refused_and_the_first_keep
 ) -> None:
     """Another run on this cluster with the same application name: refused before anything is deployed
     (it used to repoint this server's replicas at its own store, then delete them)."""
-    from diprl.inference.server import ServeConflict, serve_policy, stop_serving
+    from diprl.inference.deploy import ServeConflict, serve_policy, stop_serving
 
     before = server.handle.status.remote().result(timeout_s=60)
     other = ServerConfig(

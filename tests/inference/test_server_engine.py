@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from diprl.inference.adapters import MANIFEST_FILE, WEIGHTS_FILE, AdapterStore
 from diprl.inference.config import ServerConfig
 from diprl.inference.http_route import CompletionsRoute
-from diprl.inference.server import PolicyEngine
+from diprl.inference.policy_engine import PolicyEngine
 
 from .lora_fixtures import make_lora_dir, tiny_base_path
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from diprl.inference import server as server_module
+from diprl.inference import deploy
 from diprl.inference.config import ServerConfig
-from diprl.inference.server import replica_options
+from diprl.inference.deploy import replica_options
+from diprl.inference.engine import start_async_engine
 
 
 def test_tensor_parallel_1_keeps_the_replica_actor_as_it_was() -> None:
@@ -58,15 +59,15 @@ def test_serve_policy_deploys_the_bundles(monkeypatch: pytest.MonkeyPatch, tmp_p
         deployed["replica"] = app._bound_deployment._replica_config
         return "handle"
 
-    monkeypatch.setattr(server_module.serve, "start", lambda **kwargs: None)
-    monkeypatch.setattr(server_module.serve, "run", run)
-    monkeypatch.setattr(server_module, "_serve_running", lambda: True)
-    monkeypatch.setattr(server_module, "_served_adapter_root", lambda name: None)
-    monkeypatch.setattr(server_module, "resolve_model", lambda config: (str(tmp_path / "model"), "bfloat16"))
+    monkeypatch.setattr(deploy.serve, "start", lambda **kwargs: None)
+    monkeypatch.setattr(deploy.serve, "run", run)
+    monkeypatch.setattr(deploy, "_serve_running", lambda: True)
+    monkeypatch.setattr(deploy, "_served_adapter_root", lambda name: None)
+    monkeypatch.setattr(deploy, "resolve_model", lambda config: (str(tmp_path / "model"), "bfloat16"))
     config = ServerConfig(
         adapter_root=str(tmp_path / "adapters"), replica_cpus=4.0, replica_gpus=1.0, tensor_parallel_size=2
     )
-    assert server_module.serve_policy(config) == "handle"
+    assert deploy.serve_policy(config) == "handle"
     replica = deployed["replica"]
     assert replica.placement_group_bundles == [{"CPU": 4.0, "GPU": 1.0}, {"GPU": 1.0}]
     assert replica.placement_group_strategy == "STRICT_PACK"
@@ -87,9 +88,8 @@ def test_the_engine_is_asked_for_the_shards_and_ray_workers(monkeypatch: pytest.
 
     monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", types.SimpleNamespace(AsyncEngineArgs=EngineArgs))
     monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", types.SimpleNamespace(AsyncLLM=AsyncLLM))
-    start = server_module.PolicyEngine._start_vllm
-    start(ServerConfig(replica_gpus=1.0, tensor_parallel_size=2), "model-dir", "bfloat16")
-    start(ServerConfig(), "model-dir", "float32")
+    start_async_engine(ServerConfig(replica_gpus=1.0, tensor_parallel_size=2), "model-dir", "bfloat16")
+    start_async_engine(ServerConfig(), "model-dir", "float32")
     assert asked[0]["tensor_parallel_size"] == 2 and asked[0]["distributed_executor_backend"] == "ray"
     assert asked[1]["tensor_parallel_size"] == 1 and "distributed_executor_backend" not in asked[1]
 
@@ -100,7 +100,7 @@ def ray_with_four_gpus() -> Iterator[None]:
     import ray
     from ray import serve
 
-    from diprl.inference.server import free_port
+    from diprl.ports import free_port
     from diprl.raysession import connect
 
     connect(address="local", num_cpus=2, num_gpus=4, logging_level="ERROR")

@@ -120,7 +120,7 @@ def test_rollout_through_the_policy_server_with_the_tiny_model(ray_cluster: None
 
     from diprl.inference.adapters import AdapterStore
     from diprl.inference.config import ServerConfig
-    from diprl.inference.server import serve_policy
+    from diprl.inference.deploy import serve_policy
     from tests.inference.lora_fixtures import make_lora_dir
 
     # A published version for the hero: only a learner's version is trained.
