@@ -50,6 +50,36 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def replace_dir_atomic(target: Path, write: Callable[[Path], None]) -> Path:
+    """Replace directory `target` with what `write(tmp)` puts in a fresh temporary sibling, all at once.
+
+    The old directory is moved aside before the new one is renamed in and removed after, so a kill at
+    any point leaves the old directory, the new one, or (between the two renames) a `.<name>.old-*`
+    sibling holding the old one: never half a directory under `target`.
+    """
+    import shutil
+    import tempfile
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    trash = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    try:
+        write(tmp)
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                with path.open("rb") as fh:
+                    os.fsync(fh.fileno())
+        fsync_dir(tmp)
+        if target.exists():
+            os.rename(target, trash)
+        os.rename(tmp, target)
+        fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(trash, ignore_errors=True)
+    return target
+
+
 def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> Path:
     """`obj` as JSON at `path`, all at once (`write_file_atomic`); the parent directory is created."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -130,7 +130,9 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     from diprl.rollout.clients import ServeClient
 
     quiet_libraries(config.verbose)  # again: importing Ray Serve installs its own INFO-level logger
-    server = server_config(config)
+    # The command reaches its server through Serve handles, never its HTTP route: any free port will do, so
+    # an evaluation runs beside a training run's server (which holds the configured port).
+    server = replace(server_config(config), port=0)
     if config.verbose:
         server = replace(server, log_level="INFO")  # the replicas' vLLM and Serve logs too
     with ray_session(address="local", num_cpus=config.ray_cpus or None, **ray_init_options(config.verbose)):

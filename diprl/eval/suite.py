@@ -214,8 +214,13 @@ class _Measure:
         )
 
 
-def play_game(spec: GameSpec) -> Generator[Sequence[Table], Sequence[PhaseOutcome], PlayedGame]:
-    """One suite game as a lockstep job: every seat played by its PolicyRef, measured, replay written."""
+def play_game(
+    spec: GameSpec, before_phase: Callable[[DiplomacyGame], None] | None = None
+) -> Generator[Sequence[Table], Sequence[PhaseOutcome], PlayedGame]:
+    """One suite game as a lockstep job: every seat played by its PolicyRef, measured, replay written.
+
+    `before_phase`, if given, sees the game before each phase is played (DAgger labels the hero's states).
+    """
     play = spec.play
     game = DiplomacyGame(max_year=play.max_year)
     bots: dict[str, Agent] = {
@@ -228,6 +233,8 @@ def play_game(spec: GameSpec) -> Generator[Sequence[Table], Sequence[PhaseOutcom
     table = Table(game, spec.seats, bots, float(play.temperature), play.max_tokens, seeds)
     measure = _Measure(spec, game)
     while not game.is_done:
+        if before_phase is not None:
+            before_phase(game)
         (outcome,) = yield [table]
         measure.observe(outcome)
     if spec.replay_dir is not None:

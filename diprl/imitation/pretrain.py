@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.imitation.data import TeacherConfig
+from diprl.imitation.teacher import TeacherExample
 from diprl.structured_config import ConfigError, compose_structured, option_lines
 
 PROG = "python -m diprl.imitation.pretrain"
@@ -42,6 +43,9 @@ class PretrainConfig:
     data: TeacherConfig = field(default_factory=TeacherConfig)
     # The preset to train: its `tiny` spec is the shape and tokenizer, its `path` where the body is written.
     model: str = "tiny_pretrained"
+    # Where training starts: "" the preset's seeded random body; else a tiny preset with a path (of the same
+    # spec) whose trained body is continued, as DAgger does (`python -m diprl.imitation.dagger`).
+    init: str = ""
     epochs: float = 1.0  # passes over the training decisions
     batch_size: int = 64  # decisions per optimiser step, whole game states (a state is never split)
     lr: float = 3e-3  # AdamW's peak lr: a linear warmup over `warmup_steps`, then linear decay to 0
@@ -90,14 +94,24 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * max(0.0, 1.0 - (step - warmup) / remaining)
 
 
-def run(config: PretrainConfig, cache: Path | None = None, conf_dir: Path | None = None) -> dict[str, Any]:
+def run(
+    config: PretrainConfig,
+    cache: Path | None = None,
+    conf_dir: Path | None = None,
+    extra_train: Sequence[TeacherExample] = (),
+    extra_heldout: Sequence[TeacherExample] = (),
+) -> dict[str, Any]:
     """The whole stage; returns the report, also written to `<out>/pretrain_report.json`.
 
     `cache` is the teacher data's cache root, `conf_dir` the `conf/` tree the preset is read from.
+    `extra_train` joins the teacher data's training decisions (DAgger's labelled student states, whose
+    game numbers must not meet the teacher games'), and agreement on `extra_heldout` is reported before and
+    after as `extra_before` / `extra_after`.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
+    from diprl.atomic_io import replace_dir_atomic
     from diprl.imitation.agreement import evaluate_agreement
     from diprl.imitation.run import data_report, teacher_data
     from diprl.imitation.train import planned_batches, planned_steps
@@ -129,9 +143,14 @@ def run(config: PretrainConfig, cache: Path | None = None, conf_dir: Path | None
     # The teacher data are tokenised by the preset's tokenizer, which the random body ships too.
     random_body = build_tiny_model(preset.tiny)
     data, data_dir, generated = teacher_data(_imitation_view(config), cache, preset)
+    train = [*data.train, *extra_train]
+    clash = {e.game for e in data.train} & {e.game for e in extra_train}
+    if clash:
+        raise ValueError(f"extra training decisions reuse teacher game numbers {sorted(clash)[:5]}: states would merge")
     timings["data_s"] = time.perf_counter() - start
 
-    model = AutoModelForCausalLM.from_pretrained(str(random_body), dtype=torch.float32)
+    start_body = random_body if not config.init else _init_body(config.init, preset, conf_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(start_body), dtype=torch.float32)
     model.config.use_cache = False
     use_prefix_attention(model)
     scorer = CompletionScorer(model)
@@ -144,9 +163,16 @@ def run(config: PretrainConfig, cache: Path | None = None, conf_dir: Path | None
 
     start = time.perf_counter()
     before = evaluate_agreement(model, data.heldout, table, pad_id, config.eval_batch_size)
+
+    def extra_agreement(scored: Any) -> Any:
+        return (
+            evaluate_agreement(scored, extra_heldout, table, pad_id, config.eval_batch_size) if extra_heldout else None
+        )
+
+    extra_before = extra_agreement(model)
     timings["eval_before_s"] = time.perf_counter() - start
 
-    total = planned_steps(data.train, config.batch_size, config.seed, epochs=config.epochs)
+    total = planned_steps(train, config.batch_size, config.seed, epochs=config.epochs)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     metrics_path = out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
@@ -154,10 +180,10 @@ def run(config: PretrainConfig, cache: Path | None = None, conf_dir: Path | None
     history: list[dict[str, float]] = []
     start = time.perf_counter()
     model.train()
-    for step, batch in enumerate(planned_batches(data.train, config.batch_size, config.seed, epochs=config.epochs)):
+    for step, batch in enumerate(planned_batches(train, config.batch_size, config.seed, epochs=config.epochs)):
         t0 = time.perf_counter()
         prepared = [
-            prepare_record(data.train[i].to_training_record(), table, i, need_rl_fields=False,
+            prepare_record(train[i].to_training_record(), table, i, need_rl_fields=False,
                            max_len=preset.max_model_len)
             for i in batch
         ]  # fmt: skip
@@ -198,10 +224,12 @@ def run(config: PretrainConfig, cache: Path | None = None, conf_dir: Path | None
         raise RuntimeError("no pretraining step was taken")
 
     target = repo_path(preset.path)
-    _write_atomically(model.eval(), preset.tiny, target, save_tiny_model)
+    spec = preset.tiny
+    replace_dir_atomic(target, lambda tmp: save_tiny_model(model.eval(), spec, tmp))
     served = AutoModelForCausalLM.from_pretrained(str(pretrained_tiny_dir(preset)), dtype=torch.float32)
     start = time.perf_counter()
     after = evaluate_agreement(served, data.heldout, table, pad_id, config.eval_batch_size)
+    extra_after = extra_agreement(served)
     timings["eval_after_s"] = time.perf_counter() - start
     tail = history[-min(20, len(history)) :]
     report = {
@@ -214,8 +242,10 @@ def run(config: PretrainConfig, cache: Path | None = None, conf_dir: Path | None
         "records_trained": sum(int(r["records"]) for r in history),
         "loss_first": history[0]["loss"],
         "loss_last": sum(r["loss"] for r in tail) / len(tail),
+        "extra_train_examples": len(extra_train),
         "before": asdict(before),
         "after": asdict(after),
+        **({"extra_before": asdict(extra_before), "extra_after": asdict(extra_after)} if extra_heldout else {}),
         "timings": timings,
         "config": asdict(config),
     }
@@ -233,24 +263,17 @@ def _imitation_view(config: PretrainConfig) -> Any:
     return ImitateConfig(data=config.data, learner=replace(LearnerConfig(), model=config.model), quiet=config.quiet)
 
 
-def _write_atomically(model: Any, spec: Any, target: Path, save: Any) -> None:
-    """Write the body next to `target` and rename it into place: a killed run never leaves half a model."""
-    import shutil
-    import tempfile
+def _init_body(name: str, preset: Any, conf_dir: Path | None) -> Path:
+    """The trained body of preset `name` to continue from: it must have `preset`'s spec (shape, tokenizer)."""
+    from diprl.policy.models import load_preset, pretrained_tiny_dir
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        save(model, spec, tmp)
-        old = target.with_name(f".{target.name}.old")
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    start = load_preset(name, conf_dir)
+    if start.tiny != preset.tiny or not start.path:
+        raise ConfigError(
+            f"init={name!r} must be a tiny preset with a path and the spec of model={preset.name!r}, "
+            "to continue its body"
+        )
+    return pretrained_tiny_dir(start)
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:

@@ -236,25 +236,29 @@ def play_teacher_game(teacher: str, opponent: str, index: int, seed: int, max_ye
     while not game.is_done:
         orders: dict[str, list[str]] = {}
         for power in game.orderable_powers():
-            legal = game.legal_orders(power)
-            label = list(labellers[power].orders(game, power))
             played = players[power] is labellers[power]
-            orders[power] = label if played else list(players[power].orders(game, power))
-            decisions.append(
-                Decision(
-                    game=index,
-                    game_seed=gseed,
-                    power=power,
-                    phase=legal.phase,
-                    kind=legal.kind.value,
-                    prompt=build_prompt(game, power).text,
-                    legal=legal,
-                    orders=tuple(label),
-                    played=played,
-                )
-            )
+            decision = label_decision(game, power, labellers[power], index, gseed, played)
+            decisions.append(decision)
+            orders[power] = list(decision.orders) if played else list(players[power].orders(game, power))
         game.step(orders)
     return decisions
+
+
+def label_decision(game: DiplomacyGame, power: str, teacher: Agent, index: int, gseed: int, played: bool) -> Decision:
+    """What `teacher` orders for `power` in the game's current phase, as decision `index` of the game seeded
+    `gseed` (`played`: whether these orders are the ones the game goes on with)."""
+    legal = game.legal_orders(power)
+    return Decision(
+        game=index,
+        game_seed=gseed,
+        power=power,
+        phase=legal.phase,
+        kind=legal.kind.value,
+        prompt=build_prompt(game, power).text,
+        legal=legal,
+        orders=tuple(teacher.orders(game, power)),
+        played=played,
+    )
 
 
 def tokenize(

@@ -120,3 +120,17 @@ def test_a_relative_path_is_read_from_the_repository_root(tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path)
     assert repo_path("zoo/bases/x") == CONF_DIR.parent / "zoo" / "bases" / "x"
     assert repo_path(str(tmp_path)) == tmp_path
+
+
+def test_a_start_of_another_spec_or_teacher_game_numbers_in_the_extra_decisions_are_refused(
+    tmp_path: Path, data: TeacherData
+) -> None:
+    body = tmp_path / "body"
+    conf = _conf_with_body(tmp_path, body)
+    base = ["data.games=3", "data.heldout_games=1", "data.max_year=1901", "data.workers=1", "quiet=true",
+            f"out={tmp_path / 'run'}"]  # fmt: skip
+    with pytest.raises(ConfigError, match="init='tiny' must be a tiny preset with a path"):
+        run(load_pretrain_config([*base, "init=tiny"]), cache=tmp_path / "cache", conf_dir=conf)
+    with pytest.raises(ValueError, match="reuse teacher game numbers"):
+        run(load_pretrain_config(base), cache=tmp_path / "cache", conf_dir=conf, extra_train=data.train[:3])
+    assert not body.exists()

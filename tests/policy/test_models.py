@@ -188,7 +188,16 @@ def test_preset_values() -> None:
         assert preset.source is ModelSource.hub_or_path and preset.path == hub_id and preset.dtype == "bfloat16"
         assert (preset.lora.rank, preset.lora.alpha) == (16, 32)
         assert preset.lora.target_modules == ALL_LINEAR
-    assert known_presets() == ["qwen3_14b", "qwen3_8b", "small", "tiny", "tiny_pretrained", "tiny_qwen", "tiny_wide"]
+    assert known_presets() == [
+        "qwen3_14b",
+        "qwen3_8b",
+        "small",
+        "tiny",
+        "tiny_dagger",
+        "tiny_pretrained",
+        "tiny_qwen",
+        "tiny_wide",
+    ]
     wide = load_preset("tiny_wide")  # the imitation warm start's: tiny's body and files, rank-32 adapters
     assert (wide.tiny, wide.lora.rank, wide.lora.alpha) == (tiny.tiny, 32, 64)
     assert resolve_model_path(wide) == resolve_model_path(tiny)
