@@ -6,6 +6,8 @@ defensive), so that a learned policy's results against them say something about 
 
 from __future__ import annotations
 
+import abc
+
 from diprl.bots.base import SeededAgent
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, random_power_orders
 from diprl.game.mapgraph import map_graph
@@ -31,7 +33,7 @@ class RandomBot(SeededAgent):
         return random_power_orders(legal, self.rng)
 
 
-class StyleBot(RandomBot):
+class StyleBot(RandomBot, abc.ABC):
     """A bot whose style is in its movement orders (`movement`); it retreats rather than disbands and
     builds and disbands at random (`retreats_or_adjustments`)."""
 
@@ -41,8 +43,9 @@ class StyleBot(RandomBot):
             return self.retreats_or_adjustments(legal)
         return self.movement(game, power, legal)
 
+    @abc.abstractmethod
     def movement(self, game: DiplomacyGame, power: str, legal: PowerOrders) -> list[str]:
-        raise NotImplementedError
+        """The movement orders of `power`, one per unit: the bot's style."""
 
 
 class HoldBot(StyleBot):

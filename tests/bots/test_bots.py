@@ -128,3 +128,13 @@ def test_random_never_solos_against_six_dumbbots() -> None:
     games = _hero_games("random", "dumbbot", 14)
     assert all(game.solo_winner() != hero for hero, game in games)
     assert any(not game.is_eliminated(hero) for hero, game in games)  # some survive, as the spec expects
+
+
+def test_a_style_bot_without_its_movement_style_cannot_be_made() -> None:
+    from diprl.bots.simple import StyleBot
+
+    class Styleless(StyleBot):
+        name = "styleless"
+
+    with pytest.raises(TypeError, match="abstract method movement"):
+        Styleless(0)

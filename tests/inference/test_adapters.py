@@ -513,6 +513,9 @@ def test_base_model_key_sees_one_model_under_different_paths() -> None:
     assert base_model_key(snapshot) == base_model_key("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
     assert base_model_key("/a/.cache/models/tiny-qwen3-77e2bb8ffe60") == base_model_key("/b/tiny-qwen3-77e2bb8ffe60/")
     assert base_model_key("/a/model") != base_model_key("/b/model")
+    # A body shipped in the zoo is one model in every checkout (an adapter trained in one serves in another).
+    assert base_model_key("/home/a/zoo/bases/tiny_pretrained") == base_model_key("/ci/zoo/bases/tiny_pretrained/")
+    assert base_model_key("/a/zoo/bases/tiny_pretrained") != base_model_key("/a/zoo/bases/tiny_dagger")
 
 
 # ---- transport -------------------------------------------------------------------------------

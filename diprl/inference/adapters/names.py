@@ -114,9 +114,11 @@ def base_model_key(name_or_path: str) -> str:
     """What identifies a base model across machines, for comparing an adapter's base with a server's.
 
     The learner and the replicas may see one model under different paths: a hub snapshot lives at
-    `.../models--Qwen--Qwen3-8B/snapshots/<rev>` (key `Qwen/Qwen3-8B`), and the tiny model's
-    directory name `tiny-qwen3-<hash>` already fingerprints its spec. Anything else compares as
-    written, minus trailing slashes.
+    `.../models--Qwen--Qwen3-8B/snapshots/<rev>` (key `Qwen/Qwen3-8B`), the tiny model's
+    directory name `tiny-qwen3-<hash>` already fingerprints its spec, and a body shipped in the
+    repository's zoo (`<checkout>/zoo/bases/<name>`, key `zoo/bases/<name>`) is the same in every
+    checkout, its files checked against the zoo's fingerprints where it is served. Anything else
+    compares as written, minus trailing slashes.
     """
     text = name_or_path.strip().rstrip("/")
     parts = Path(text).parts
@@ -125,6 +127,8 @@ def base_model_key(name_or_path: str) -> str:
             return "/".join(part.split("--")[1:])
     if parts and parts[-1].startswith("tiny-qwen3-"):
         return parts[-1]
+    if len(parts) >= 3 and parts[-3:-1] == ("zoo", "bases"):
+        return "/".join(parts[-3:])
     return text
 
 
