@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -104,7 +105,10 @@ class ServerConfig:
     tensor_parallel_size: int = 1
     max_ongoing_requests: int = 64
     host: str = "127.0.0.1"  # never a public interface unless allow_public_host says so
-    allow_public_host: bool = False  # the HTTP route has no authentication: opt in, and it warns
+    allow_public_host: bool = False  # opt in to a non-loopback host (it warns without a token)
+    # A file whose first line is the bearer token every HTTP request must carry (else $DIPRL_POLICY_TOKEN;
+    # neither: no token). Read by each replica, so the token never sits in the deployment's config.
+    http_token_file: str | None = None
     port: int = 8000  # 0: pick a free port (the server logs which)
     # A request that has not finished after this long fails with a timeout (and is aborted in the
     # engine); loading an adapter has the same limit. Nothing a client sends can wait forever.
@@ -204,17 +208,22 @@ class ServerConfig:
             need(ok, f"autoscaling needs integers 0 <= min_replicas <= max_replicas >= 1, got {auto!r}")
         need(self.log_level in LOG_LEVELS, f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
         need(isinstance(self.host, str) and bool(self.host), f"host must be an address, got {self.host!r}")
+        need(
+            self.http_token_file is None or (isinstance(self.http_token_file, str) and bool(self.http_token_file)),
+            f"http_token_file must be a path or null, got {self.http_token_file!r}",
+        )
         if not problems and not is_loopback(self.host):
             need(
                 self.allow_public_host,
-                f"host {self.host!r} is not a loopback address: the HTTP route has no authentication, "
-                "so binding it needs allow_public_host: true",
+                f"host {self.host!r} is not a loopback address: binding it needs allow_public_host: true "
+                "(and a token: http_token_file or $DIPRL_POLICY_TOKEN)",
             )
         if problems:
             raise ValueError("invalid inference config: " + "; ".join(problems))
-        if not is_loopback(self.host):
+        if not is_loopback(self.host) and not self.http_token_file and not os.environ.get("DIPRL_POLICY_TOKEN"):
             log.warning(
-                "PolicyServer HTTP route will listen on %s:%s, reachable from other machines and unauthenticated",
+                "PolicyServer HTTP route will listen on %s:%s, reachable from other machines and unauthenticated "
+                "(set http_token_file or $DIPRL_POLICY_TOKEN to demand a bearer token)",
                 self.host,
                 self.port,
             )

@@ -4,6 +4,8 @@ Rollout workers and the evaluator call the deployment's `generate` through a han
 is for people and other tools. Both share one replica (Serve's `max_ongoing_requests` counts them
 together), so the route is held to its own small share:
 
+- who may call it is checked first (`diprl.inference.http_guard`: a JSON body, a loopback `Host` on
+  loopback, no foreign `Origin`, the token when there is one), so a page in a browser cannot use it;
 - the body is read against `max_body_bytes` before anything parses it (413, with the declared
   `Content-Length` refused before a byte is read), so a huge body costs neither memory nor time;
 - at most `http_max_ongoing` completions run at once; one more is answered 429 at once instead of
@@ -30,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from diprl.inference.adapters import BASE
+from diprl.inference.http_guard import RouteGuard, require_json
 from diprl.messages import Generation, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -122,14 +125,20 @@ def public_error(error: str, model: str) -> str:
 class CompletionsRoute:
     """`POST /v1/completions` for one replica; holds the count of completions in flight."""
 
-    def __init__(self, generate: Generate, max_body_bytes: int, max_ongoing: int) -> None:
+    def __init__(
+        self, generate: Generate, max_body_bytes: int, max_ongoing: int, guard: RouteGuard | None = None
+    ) -> None:
         self.generate = generate
+        self.guard = guard  # None: only the JSON rule (unit tests of the route's other behaviour)
         self.max_body_bytes = max_body_bytes
         self.max_ongoing = max_ongoing
         self.ongoing = 0
         self.refused_busy = 0
 
     async def __call__(self, request: Request) -> Response:
+        refused = self.guard.check_json(request) if self.guard is not None else require_json(request)
+        if refused is not None:
+            return refused
         if self.ongoing >= self.max_ongoing:
             self.refused_busy += 1
             return error_response(

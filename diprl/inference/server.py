@@ -23,7 +23,8 @@ from fastapi.responses import Response
 from ray import serve
 
 from diprl.inference.adapters import BASE
-from diprl.inference.config import ServerConfig
+from diprl.inference.config import ServerConfig, is_loopback
+from diprl.inference.http_guard import RouteGuard, route_token
 from diprl.inference.http_route import OPENAPI_BODY, CompletionsRoute
 from diprl.inference.policy_engine import PolicyEngine
 from diprl.messages import Generation, GenerationRequest
@@ -50,9 +51,15 @@ class PolicyServer:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = ServerConfig(**config)
+        self.guard = RouteGuard(
+            loopback_hosts_only=is_loopback(self.config.host), token=route_token(self.config.http_token_file)
+        )
         self.engine = PolicyEngine(self.config)
         self.http = CompletionsRoute(
-            self.engine.generate_one, self.config.max_body_bytes, max_ongoing=self.config.http_max_ongoing
+            self.engine.generate_one,
+            self.config.max_body_bytes,
+            max_ongoing=self.config.http_max_ongoing,
+            guard=self.guard,
         )
 
     async def generate(self, requests: list[GenerationRequest]) -> list[Generation]:
@@ -88,7 +95,10 @@ class PolicyServer:
         return {"adapter_root": self.config.adapter_root, "model": self.config.model}
 
     @app.get("/v1/models")
-    async def models(self) -> dict[str, Any]:
+    async def models(self, request: Request) -> Any:
+        refused = self.guard.check(request)
+        if refused is not None:
+            return refused
         names = [BASE] + [
             ref.name for policy in self.engine.store.policies() for ref in self.engine.store.versions(policy)
         ]

@@ -347,7 +347,7 @@ def test_a_body_above_the_limit_is_refused_with_413_before_it_is_parsed(make_eng
                 await http.post("/v1/completions", content=chunks(), headers={"Content-Type": "application/json"}),
                 await http.post("/v1/completions", json={"model": "base", "prompt": "A PAR", "max_tokens": 2}),
                 await http.post("/v1/completions", json={"model": "base", "prompt": [True], "max_tokens": 2}),
-                await http.post("/v1/completions", content=b"{not json"),
+                await http.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"}),
             ]
 
     declared, streamed, small, bad_type, not_json = asyncio.run(scenario())
