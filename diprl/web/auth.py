@@ -2,7 +2,8 @@
 
 The app shows a run's configuration and games and starts games that spend the machine's time, so it
 listens on 127.0.0.1 unless told otherwise, and binding any other address (0.0.0.0, a LAN address, a
-host name) refuses to start without a token (`--token` or `DIPRL_WEB_TOKEN`). With a token, on any
+host name) refuses to start without a token (a file named by `--token-file`, or `DIPRL_WEB_TOKEN`: never a
+command-line word, which every account sees in `ps`). With a token, on any
 address, every request must carry it: an `Authorization: Bearer <token>` or `X-Diprl-Token` header, or
 the `diprl_token` cookie. A first visit to `...?token=<token>` sets that cookie (HttpOnly, SameSite=Strict)
 and redirects to the same address without the token, so it stays out of the history and of links.
@@ -24,6 +25,7 @@ import ipaddress
 import os
 import secrets
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
 from starlette.requests import Request
@@ -92,8 +94,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def resolve_token(host: str, token: str | None) -> str | None:
-    """The token the server will demand (`token`, else `$DIPRL_WEB_TOKEN`); `TokenRequired` off loopback."""
+def read_token_file(path: Path) -> str:
+    """The first line of `path` (the web token); `TokenRequired` naming the file when it cannot be read."""
+    try:
+        with open(path.expanduser(), "rb") as fh:
+            raw = fh.read(4096)
+    except OSError as exc:
+        raise TokenRequired(f"cannot read the token file {path}: {exc.strerror}") from None
+    return raw.decode("utf-8", "replace").strip().split("\n", 1)[0].strip()
+
+
+def token_source(token_file: Path | None) -> str:
+    """Where the token came from, for the start-up line (never the token itself)."""
+    return f"token in {token_file}" if token_file is not None else f"token in ${TOKEN_ENV}"
+
+
+def resolve_token(host: str, token: str | None, token_file: Path | None = None) -> str | None:
+    """The token the server will demand (`token`, else the first line of `token_file`, else
+    `$DIPRL_WEB_TOKEN`); `TokenRequired` off loopback without one."""
+    if token is None and token_file is not None:
+        token = read_token_file(token_file)
     token = token if token is not None else os.environ.get(TOKEN_ENV) or None
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         raise TokenRequired(
@@ -102,8 +122,8 @@ def resolve_token(host: str, token: str | None) -> str | None:
     if token is None and not is_loopback(host):
         raise TokenRequired(
             f"refusing to listen on {host} without a token: anyone who reaches that address could use the app. "
-            f"Give one with --token or {TOKEN_ENV} (e.g. {TOKEN_ENV}={secrets.token_urlsafe(24)}), or listen on "
-            "127.0.0.1"
+            f"Give one in a file (--token-file, mode 0600) or {TOKEN_ENV} (e.g. {secrets.token_urlsafe(24)}), or "
+            "listen on 127.0.0.1"
         )
     return token
 
@@ -137,8 +157,9 @@ def token_guard(token: str) -> Dispatch:
             response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
             return response
         return PlainTextResponse(
-            "401: this diprl web server needs its token. Open the address it printed at start (.../?token=...), or "
-            f"send an 'Authorization: Bearer <token>' header. The token is the --token given to it or {TOKEN_ENV}.",
+            "401: this diprl web server needs its token. Open its address once with ?token=<the token> added, or "
+            "send an 'Authorization: Bearer <token>' header. The token is in the file given as --token-file or in "
+            f"{TOKEN_ENV}.",
             status_code=401,
         )
 

@@ -3,11 +3,14 @@
 
 The listening socket is bound here, before uvicorn starts, so a port in use or a refused address is an
 `OSError` at once (not a log line in a thread) and port 0 gives a free port whose number is known. The
-token rule (`diprl.web.auth.resolve_token`) is applied before anything is bound.
+token rule (`diprl.web.auth.resolve_token`) is applied before anything is bound. Given a certificate and
+its key (`certfile`, `keyfile`), the app speaks HTTPS itself; otherwise put a TLS proxy in front of an
+address other machines reach (docs/security.md).
 """
 
 from __future__ import annotations
 
+import errno
 import signal
 import socket
 import threading
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diprl.rollout.clients import PolicyClient
-from diprl.web.auth import is_loopback, resolve_token
+from diprl.web.auth import is_loopback, resolve_token, token_source
 
 if TYPE_CHECKING:
     import uvicorn
@@ -25,6 +28,14 @@ if TYPE_CHECKING:
 ClientFactory = Callable[[Path | None, str], PolicyClient]
 """`adapters -> PolicyClient`: answers LLM seats of games whose versions live in that adapter store
 (None: `base` only). Beside a training run: the run's own PolicyServer client."""
+
+
+@dataclass(frozen=True)
+class Tls:
+    """A certificate chain and its private key (PEM files) for serving HTTPS."""
+
+    certfile: Path
+    keyfile: Path
 
 
 @dataclass
@@ -60,15 +71,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _address(host: str, sock: socket.socket, token: str | None) -> tuple[str, str]:
+def _address(host: str, sock: socket.socket, token: str | None, tls: Tls | None = None) -> tuple[str, str]:
     port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}/"
+    url = f"{'https' if tls else 'http'}://{shown}:{port}/"
     return url, (f"{url}?token={token}" if token else url)
 
 
 def _server(
-    runs_dir: Path, host: str, token: str | None, client_for: ClientFactory, poll_s: float = 5.0
+    runs_dir: Path,
+    host: str,
+    token: str | None,
+    client_for: ClientFactory,
+    poll_s: float = 5.0,
+    tls: Tls | None = None,
 ) -> uvicorn.Server:
     import uvicorn
 
@@ -76,7 +92,16 @@ def _server(
 
     config = WebConfig(runs_dir=Path(runs_dir), token=token, poll_s=poll_s, exposed=not is_loopback(host))
     app = create_app(config, client_for)
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ssl_certfile=str(tls.certfile) if tls else None,
+            ssl_keyfile=str(tls.keyfile) if tls else None,
+        )
+    )
 
 
 def _default_clients(runs_dir: Path) -> tuple[ClientFactory, Callable[[], None]]:
@@ -115,18 +140,33 @@ def start_web(
     return WebHandle(url=url, login_url=login, thread=thread, server=server, on_stop=on_stop)
 
 
-def serve(runs_dir: Path, host: str, port: int, token: str | None, announce: Callable[[str], None]) -> None:
+def serve(
+    runs_dir: Path,
+    host: str,
+    port: int,
+    token_file: Path | None,
+    announce: Callable[[str, str | None], None],
+    tls: Tls | None = None,
+) -> None:
     """Run the app in the foreground until Ctrl-C or SIGTERM, then stop what it started (a PolicyServer).
+
+    The token comes from `token_file` or `$DIPRL_WEB_TOKEN`, never from the command line (`ps` shows every
+    account the command line); `announce(url, where)` is told the address and where the token is (None:
+    no token), never the token itself.
 
     uvicorn finishes the requests in flight and then raises the signal again; both signals become a
     KeyboardInterrupt here (SIGTERM's default would end the process before the PolicyServer is stopped).
     """
-    token = resolve_token(host, token)
+    token = resolve_token(host, None, token_file)
+    if tls is not None:
+        for path in (tls.certfile, tls.keyfile):
+            if not path.is_file():
+                raise OSError(errno.ENOENT, f"no TLS file {path}")
     client_factory, on_stop = _default_clients(runs_dir)
     sock = bind(host, port)
-    server = _server(runs_dir, host, token, client_factory)
-    _, login = _address(host, sock, token)
-    announce(login)
+    server = _server(runs_dir, host, token, client_factory, tls=tls)
+    url, _ = _address(host, sock, token, tls)
+    announce(url, token_source(token_file) if token else None)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.run(sockets=[sock])

@@ -174,3 +174,59 @@ def test_the_templates_hold_no_inline_script() -> None:
         assert "javascript:" not in text, f"{page.name}: a javascript: link"
         for tag in re.findall(r"<script\b[^>]*>", text):
             assert "src=" in tag or 'type="application/json"' in tag, f"{page.name}: inline script {tag}"
+
+
+def _start_command(*args: str) -> tuple[subprocess.Popen[str], str]:
+    command = [sys.executable, "-m", "diprl.web", "--port", "0", *args]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline()
+
+
+def test_the_command_reads_its_token_from_a_file_and_prints_where_not_what(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review (N13): `--token` put the token in every `ps` listing and the printed login URL put it
+    in the terminal's scrollback. The command reads it from a file (or the environment) and says where."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    secret = tmp_path / "web-token"
+    secret.write_text(TOKEN + "\n")
+    proc, line = _start_command("--runs", str(tmp_path), "--token-file", str(secret))
+    try:
+        assert line.startswith("diprl web: http://127.0.0.1:"), line
+        assert TOKEN not in line and str(secret) in line
+        assert TOKEN not in Path(f"/proc/{proc.pid}/cmdline").read_text()
+        url = line.split()[2]
+        assert _get(url) == 401
+        assert _get(url, {"Authorization": f"Bearer {TOKEN}"}) == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert main(["--runs", str(tmp_path), "--port", "0", "--token", TOKEN]) == 2  # refused, with the reason
+
+
+def test_the_command_serves_tls_with_a_given_certificate(tmp_path: Path) -> None:
+    """N13: off loopback the token travels in every request; with a certificate the app speaks HTTPS itself."""
+    import shutil
+    import ssl
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    proc, line = _start_command("--runs", str(tmp_path), "--certfile", str(cert), "--keyfile", str(key))
+    try:
+        assert line.startswith("diprl web: https://127.0.0.1:"), line
+        url = line.split()[2]
+        context = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(url, timeout=30, context=context) as response:
+            assert response.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
