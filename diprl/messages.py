@@ -332,6 +332,12 @@ def group_seat(gid: str) -> tuple[str, str]:
     return (parts[0], parts[2]) if len(parts) == 3 else (gid, "")
 
 
+# The seconds in `MatchReport.timings`: the match's own wall time (`play`, `deliver`) and its worker's
+# lockstep loop since the worker's previous report (`inference`, `engine`, `bots`), so that summed over
+# reports each second of a loop that plays many matches at once counts once.
+MATCH_STAGES = ("play", "deliver", "inference", "engine", "bots")
+
+
 @dataclass
 class MatchReport:
     """What a rollout worker tells the driver about one match it played (groups went to the ledger)."""
@@ -350,7 +356,7 @@ class MatchReport:
     first_error: str | None = None  # the first of them, as the server said it
     group_records: int = 0
     hero_returns: list[float] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (`MATCH_STAGES`)
     trace: str | None = None  # path of the trace written for this match, if any
     worker_pid: int = 0
 

@@ -19,9 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-# Metrics exported to the Ray dashboard (Prometheus names); every value is tagged with the policy, and an
-# evaluation's also with its opponents (one evaluation logs a line per opponent: untagged, Random's and
-# DumbBot's results overwrote each other in one series).
+from diprl.messages import MATCH_STAGES
+
+# Metrics exported to the Ray dashboard (Prometheus names); every value is tagged with the policy, a rollout
+# stage's with its stage, and an evaluation's also with its opponents (one evaluation logs a line per
+# opponent: untagged, Random's and DumbBot's results overwrote each other in one series).
 TAGGED_BY_OPPONENTS = frozenset({"eval/hero_mean_sc", "eval/hero_solo_rate"})
 RAY_GAUGES = {
     "learner/step": ("diprl_learner_step", "learner steps taken"),
@@ -30,11 +32,25 @@ RAY_GAUGES = {
     "rollout/mean_reward": ("diprl_mean_reward", "mean hero return of recent groups"),
     "rollout/hero_centres": ("diprl_hero_centres", "mean hero supply centres at the fork horizon"),
     "rollout/groups_per_s": ("diprl_groups_per_s", "trajectory groups delivered per second"),
+    "rollout/bad_completion_rate": ("diprl_bad_completion_rate", "share of recent LLM completions malformed"),
+    "rollout/zero_variance_rate": ("diprl_zero_variance_rate", "share of recent trained seats whose forks all tied"),
     "queue/depth": ("diprl_queue_depth", "groups waiting for the learner"),
     "eval/hero_mean_sc": ("diprl_eval_hero_mean_sc", "evaluation: hero mean centres"),
     "eval/hero_solo_rate": ("diprl_eval_hero_solo_rate", "evaluation: hero solo rate"),
     "league/rating": ("diprl_league_rating", "openskill mu - 3 sigma of the current version"),
 }
+# A rollout's seconds per match, one series per stage of one gauge (`rollout/<stage>_s`, see MATCH_STAGES).
+STAGE_GAUGE = "diprl_rollout_stage_seconds"
+STAGE_KEYS = {f"rollout/{stage}_s": stage for stage in MATCH_STAGES}
+
+
+def gauge_tags(key: str, policy: str, opponents: str) -> dict[str, str]:
+    """The tags of metric `key`'s value: its policy, and its opponents or its stage where it has one."""
+    if key in TAGGED_BY_OPPONENTS:
+        return {"policy": policy, "opponents": opponents}
+    if key in STAGE_KEYS:
+        return {"policy": policy, "stage": STAGE_KEYS[key]}
+    return {"policy": policy}
 
 
 def _finite(value: Any) -> bool:
@@ -54,8 +70,10 @@ class Tracker:
             from ray.util import metrics
 
             for key, (name, description) in RAY_GAUGES.items():
-                tags = ("policy", "opponents") if key in TAGGED_BY_OPPONENTS else ("policy",)
+                tags = tuple(gauge_tags(key, "", ""))
                 self._gauges[key] = metrics.Gauge(name, description=description, tag_keys=tags)
+            stages = metrics.Gauge(STAGE_GAUGE, description="rollout seconds per match", tag_keys=("policy", "stage"))
+            self._gauges |= dict.fromkeys(STAGE_KEYS, stages)
         except Exception:  # no Ray worker context (unit tests): the JSONL file is enough
             self._gauges = {}
 
@@ -72,8 +90,7 @@ class Tracker:
         for key, value in numbers.items():
             gauge = self._gauges.get(key)
             if gauge is not None:
-                tags = {"policy": policy, "opponents": opponents} if key in TAGGED_BY_OPPONENTS else {"policy": policy}
-                gauge.set(float(value), tags=tags)
+                gauge.set(float(value), tags=gauge_tags(key, policy, opponents))
 
     def move_records(self, drop: Callable[[dict[str, Any]], bool], moved_to: Path) -> int:
         """Move the records `drop` selects out of the metrics file (to `moved_to`); their number.

@@ -72,13 +72,14 @@ def test_the_head_runs_prometheus_on_rays_service_discovery_file() -> None:
 
 
 def test_the_grafana_dashboard_charts_every_gauge_diprl_exports() -> None:
-    from diprl.tracking import RAY_GAUGES
+    from diprl.tracking import RAY_GAUGES, STAGE_GAUGE
 
     dashboard = json.loads((ROOT / "cluster" / "grafana" / "diprl.json").read_text())
     charted = {
         m for panel in dashboard["panels"] for t in panel["targets"] for m in re.findall(r"ray_diprl_\w+", t["expr"])
     }
-    assert charted == {f"ray_{name}" for name, _ in RAY_GAUGES.values()}  # Ray prefixes custom metrics with ray_
+    exported = {name for name, _ in RAY_GAUGES.values()} | {STAGE_GAUGE}
+    assert charted == {f"ray_{name}" for name in exported}  # Ray prefixes custom metrics with ray_
     assert dashboard["uid"] == "diprl"
 
 

@@ -4,6 +4,7 @@ ran its whole budget that way)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,43 @@ def test_failures_that_are_not_every_request_or_not_in_a_row_play_on(
     s = scheduler(tmp_path, mixed + bots_only + [report(10, 0)] * 2, monkeypatch)
     drain(s, len(mixed) + len(bots_only))
     assert s.failing == 0 and s.counters.matches == len(mixed) + len(bots_only)
+
+
+def test_bad_completions_tied_groups_and_stage_timings_reach_the_runs_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found: the workers counted bad completions and tied groups and timed every stage, and the driver
+    dropped all of it: a run whose model wrote 30% malformed orders looked healthy in metrics.jsonl."""
+    from types import SimpleNamespace
+
+    from diprl.messages import StepReport
+    from diprl.run.learning import LearnerLoop
+    from diprl.tracking import read_metrics
+
+    logged: list[dict[str, float]] = []
+    fake_wandb = SimpleNamespace(
+        init=lambda **kwargs: SimpleNamespace(log=logged.append, finish=lambda: None), Settings=lambda **kw: kw
+    )
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    stages = {"play": 4.0, "deliver": 0.5, "inference": 2.0, "engine": 1.0, "bots": 0.25}
+    played = [
+        MatchReport("m1", [], ["g1"], completions=10, bad_completions=3, skipped_zero_variance=1, timings=stages),
+        MatchReport("m2", [], ["g2", "g3"], completions=10, bad_completions=0, timings={k: 0.0 for k in stages}),
+    ]
+    s = scheduler(tmp_path, played, monkeypatch)
+    s.journal.tracker = Tracker(tmp_path, {}, use_wandb=True)
+    s.fill()  # both matches in flight on the one worker
+    for ref in s.refs():
+        s.handle(ref)
+    loop = LearnerLoop({"main": None}, {"main": SimpleNamespace(qsize=lambda: 0)}, None, s.journal, list, print)
+    ref = Ref(StepReport("main", 1, True, "main@v1"))
+    loop.stepping[ref] = "main"
+    loop.handle(ref)
+    s.journal.tracker.close()
+    [rollout] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "rollout"]
+    assert rollout["rollout/bad_completion_rate"] == 3 / 20
+    assert rollout["rollout/zero_variance_rate"] == 1 / 4  # one tied seat of four compared
+    assert {k: rollout[f"rollout/{k}_s"] for k in stages} == {k: v / 2 for k, v in stages.items()}  # per match
+    assert (s.counters.bad_completions, s.counters.zero_variance_skips) == (3, 1)  # whole run, kept on resume
+    [wandb_row] = [row for row in logged if "main/rollout/bad_completion_rate" in row]
+    assert wandb_row["main/rollout/zero_variance_rate"] == 0.25 and wandb_row["main/rollout/inference_s"] == 1.0

@@ -92,3 +92,23 @@ def test_an_evaluation_per_opponent_is_its_own_series(tmp_path: Path, wandb_runs
     assert logged[0]["main/eval/hero_mean_sc[bot:random]"] == 9.5
     assert logged[1]["main/eval/hero_mean_sc[bot:dumbbot]"] == 3.5
     assert "eval/hero_mean_sc" in TAGGED_BY_OPPONENTS
+
+
+def test_rollout_health_reaches_the_dashboard_and_each_stage_is_a_series_of_one_gauge(tmp_path: Path) -> None:
+    """Bad completions, tied groups and per-stage seconds were dropped before any gauge saw them."""
+    from diprl.messages import MATCH_STAGES
+    from diprl.tracking import RAY_GAUGES, STAGE_GAUGE, gauge_tags
+
+    assert {"rollout/bad_completion_rate", "rollout/zero_variance_rate"} <= set(RAY_GAUGES)
+    assert gauge_tags("rollout/engine_s", "main", "") == {"policy": "main", "stage": "engine"}
+    assert gauge_tags("rollout/bad_completion_rate", "main", "") == {"policy": "main"}
+    sets: list[tuple[str, float, dict[str, str]]] = []
+    tracker = Tracker(tmp_path, {}, use_wandb=False)
+    stage = SimpleNamespace(set=lambda value, tags: sets.append((STAGE_GAUGE, value, tags)))
+    tracker._gauges = {f"rollout/{s}_s": stage for s in MATCH_STAGES}
+    tracker.log("rollout", {"rollout/play_s": 3.0, "rollout/bots_s": 0.5})
+    tracker.close()
+    assert sets == [
+        (STAGE_GAUGE, 3.0, {"policy": "main", "stage": "play"}),
+        (STAGE_GAUGE, 0.5, {"policy": "main", "stage": "bots"}),
+    ]

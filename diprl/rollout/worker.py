@@ -253,6 +253,7 @@ class RolloutWorker:
         self.client = make_client(config.client, config.serve_app, config.model, config.seed * 1000 + worker_index)
         self.pid = os.getpid()
         self.stats = LockstepStats()
+        self._reported = dict.fromkeys(self.stats.seconds, 0.0)  # the loop's seconds up to the last report
         self._source = QueueSource()
         self._pending: dict[int, tuple[Job, concurrent.futures.Future[EpisodeOutput]]] = {}
         self._lock = threading.Lock()
@@ -313,10 +314,19 @@ class RolloutWorker:
                 report.groups.append(held)  # a replayed match: an earlier attempt delivered this seat's group
             else:  # refused (the run is stopping), or another attempt is delivering it
                 report.undelivered += 1
-        report.timings = {"play": played, "deliver": time.perf_counter() - start}
+        report.timings = {"play": played, "deliver": time.perf_counter() - start, **self._loop_seconds()}
         if out.trace is not None and self.config.trace_dir:
             report.trace = self._write_trace(match.match_id, out.trace)
         return report
+
+    def _loop_seconds(self) -> dict[str, float]:
+        """The lockstep loop's seconds per stage since the previous report: the loop plays every match in
+        flight at once, so a report carries its share of the loop's time, and no second twice."""
+        with self._lock:
+            now = dict(self.stats.seconds)
+            since = {stage: seconds - self._reported.get(stage, 0.0) for stage, seconds in now.items()}
+            self._reported = now
+        return since
 
     def _write_trace(self, match_id: str, trace: dict[str, Any]) -> str:
         path = Path(self.config.trace_dir or ".") / f"{_UNSAFE.sub('_', match_id)}.json"

@@ -105,5 +105,7 @@ class MatchScheduler:
         self.counters.groups += len(report.groups)
         self.counters.completions += report.completions
         self.counters.hero_completions += report.hero_completions
+        self.counters.bad_completions += report.bad_completions
+        self.counters.zero_variance_skips += report.skipped_zero_variance
         self.journal.stats.match(report)
         return report

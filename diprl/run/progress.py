@@ -1,7 +1,10 @@
 """What a run shows while it goes: recent-window statistics and the fields of the progress line.
 
 The windows are short (the last `window` groups and matches), so the progress line and the
-`rollout` records follow the policy as it changes rather than averaging the whole run.
+`rollout` records follow the policy as it changes rather than averaging the whole run. Besides returns
+and centres, the `rollout` record carries what tells a sick run from a healthy one: the share of
+malformed completions, the share of trained seats whose forks all tied (no GRPO comparison, nothing
+trained), and where a worker's time goes per match (`MATCH_STAGES`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from diprl.messages import MatchReport
+from diprl.messages import MATCH_STAGES, MatchReport
 
 WINDOW = 64
 
@@ -30,6 +33,7 @@ class RunStats:
     returns: deque[float] = field(default_factory=deque)
     centres: deque[float] = field(default_factory=deque)
     group_times: deque[tuple[float, int]] = field(default_factory=deque)  # (when, groups) per match
+    matches: deque[MatchReport] = field(default_factory=deque)
     faults: int = 0
     restarts: int = 0
 
@@ -37,6 +41,7 @@ class RunStats:
         self.returns = deque(maxlen=self.window)
         self.centres = deque(maxlen=self.window)
         self.group_times = deque(maxlen=self.window)
+        self.matches = deque(maxlen=self.window)
 
     def match(self, report: MatchReport) -> None:
         centres = report.hero_centres()
@@ -44,6 +49,22 @@ class RunStats:
             self.centres.append(centres)
         self.returns.extend(report.hero_returns)
         self.group_times.append((time.monotonic(), len(report.groups)))
+        self.matches.append(report)
+
+    def health(self) -> dict[str, float]:
+        """Malformed completions and tied groups as shares, and each stage's mean seconds per match."""
+        reports = list(self.matches)
+        completions = sum(r.completions for r in reports)
+        bad = sum(r.bad_completions for r in reports)
+        tied = sum(r.skipped_zero_variance for r in reports)
+        compared = tied + sum(len(r.groups) + r.undelivered for r in reports)
+        record = {
+            "rollout/bad_completion_rate": bad / completions if completions else 0.0,
+            "rollout/zero_variance_rate": tied / compared if compared else 0.0,
+        }
+        for stage in MATCH_STAGES:
+            record[f"rollout/{stage}_s"] = mean(r.timings.get(stage, 0.0) for r in reports)
+        return record
 
     def groups_per_s(self) -> float:
         """Groups delivered per second over the recent matches (those after the first of the window)."""
@@ -61,6 +82,7 @@ class RunStats:
             "rollout/hero_centres": mean(self.centres),
             "rollout/groups_per_s": self.groups_per_s(),
             "queue/depth": queue_depth,
+            **self.health(),
         }
 
 

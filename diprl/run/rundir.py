@@ -248,6 +248,8 @@ class Counters:
     groups: int = 0
     completions: int = 0  # LLM decisions the rollouts made (every seat, phase and fork)
     hero_completions: int = 0  # ... of them by the hero seat
+    bad_completions: int = 0  # ... of them malformed (the game layer played defaults)
+    zero_variance_skips: int = 0  # trained seats whose forks all tied: no group
     results: int = 0
     failed_matches: int = 0
     evaluations: int = 0

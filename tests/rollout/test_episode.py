@@ -300,3 +300,17 @@ def test_untrained_decisions_are_played_at_their_own_temperature_and_trained_one
     assert {t for _, _, t in default.temperatures} == {0.7}
     with pytest.raises(ValueError, match="untrained_temperature"):
         EpisodeConfig(untrained_temperature=-0.5)
+
+
+def test_a_workers_reports_time_every_stage_and_count_each_second_of_its_loop_once() -> None:
+    """The report carries the match's own times and its worker's lockstep seconds since the previous report:
+    summed over reports they are the loop's seconds, so a run's per-match means count nothing twice."""
+    from diprl.messages import MATCH_STAGES
+    from diprl.rollout.worker import RolloutWorker, WorkerConfig
+
+    config = WorkerConfig(episode=EpisodeConfig(group_size=2, warmup_max_phases=1, horizon_years=1), client="uniform")
+    worker = RolloutWorker(config, ledger_name=None)
+    reports = [worker.play(_match(seed)) for seed in (1, 2)]
+    assert all(set(r.timings) == set(MATCH_STAGES) and r.timings["play"] > 0 for r in reports)
+    for stage in ("inference", "engine", "bots"):
+        assert sum(r.timings[stage] for r in reports) == pytest.approx(worker.stats.seconds[stage])
