@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from diprl import netaudit
-from diprl.netaudit import Attempt, parse_trace
+from diprl.netaudit import Attempt, parse_trace, unix_sockets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,6 +55,46 @@ def test_the_parser_finds_each_attempt_off_loopback_and_names_its_program() -> N
 def test_a_dns_query_to_a_loopback_resolver_still_counts() -> None:
     line = '5 connect(3, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("127.0.0.53")}, 16) = 0'
     assert [a.address for a in parse_trace(line)] == ["127.0.0.53"]
+
+
+UDP_AND_UNIX = textwrap.dedent("""\
+    20    execve("/usr/bin/python", ["python", "resolve.py"], 0x55 /* 30 vars */) = 0
+    20    sendto(5, "\\x12\\x34\\x01", 29, MSG_NOSIGNAL, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("10.0.0.2")}, 16) = -1 ENETUNREACH
+    20    sendto(6, "ping", 4, 0, {sa_family=AF_INET, sin_port=htons(9999), sin_addr=inet_addr("127.0.0.1")}, 16) = 4
+    20    sendto(7, "x", 1, 0, NULL, 0) = 1
+    20    sendmsg(8, {msg_name={sa_family=AF_INET6, sin6_port=htons(123), sin6_flowinfo=htonl(0), inet_pton(AF_INET6, "2001:db8::7", &sin6_addr), sin6_scope_id=0}, msg_namelen=28, msg_iov=[{iov_base="x", iov_len=1}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, 0) = -1 ENETUNREACH
+    20    sendmmsg(9, [{msg_hdr={msg_name={sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("10.0.0.3")}, msg_namelen=16, msg_iov=[{iov_base="q", iov_len=1}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, msg_len=1}], 1, MSG_NOSIGNAL) = -1 ENETUNREACH
+    20    connect(3, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT (No such file or directory)
+    20    connect(4, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT (No such file or directory)
+    20    connect(10, {sa_family=AF_UNIX, sun_path=@"/tmp/.X11-unix/X0"}, 20) = -1 ECONNREFUSED
+    20    sendto(11, "<14>hi", 6, 0, {sa_family=AF_UNIX, sun_path="/dev/log"}, 110) = 6
+    """)
+
+
+def test_udp_sent_without_connect_is_an_attempt_too() -> None:
+    """Found by review (N10): only `connect()` was traced, so a datagram sent with `sendto`/`sendmsg` to an
+    address (UDP without connect, as some resolvers do) went unseen."""
+    attempts = parse_trace(UDP_AND_UNIX)
+    assert [(a.call, a.address, a.port) for a in attempts] == [
+        ("sendto", "10.0.0.2", 53),
+        ("sendmsg", "2001:db8::7", 123),
+        ("sendmmsg", "10.0.0.3", 53),
+    ]
+    assert str(attempts[0]) == "DNS query to 10.0.0.2:53 by pid 20 (python resolve.py) (sendto)"
+
+
+def test_the_unix_sockets_reached_are_reported_with_their_counts() -> None:
+    """Found by review (N10): Unix sockets were skipped, though one is a way off the machine (nscd, the
+    name service cache, resolves names for whoever asks). Each path is listed with how often it was tried."""
+    reached = unix_sockets(UDP_AND_UNIX)
+    assert [(u.path, u.count) for u in reached] == [
+        ("/var/run/nscd/socket", 2),
+        ("/dev/log", 1),
+        ("@/tmp/.X11-unix/X0", 1),
+    ]
+    assert reached[0].processes == ("python resolve.py",) and reached[0].name_service
+    assert not reached[1].name_service
+    assert unix_sockets(TRACE)[0].path == "/tmp/ray/session/sockets/raylet"
 
 
 def _need_audit_tools() -> None:
@@ -187,3 +227,27 @@ def test_the_audit_command_line_reports_and_exits_nonzero_on_a_leak(tmp_path: Pa
     assert result.returncode == 1
     assert "LEAK connect to 192.0.2.1:80" in result.stdout
     assert "attempts_off_loopback=1" in result.stdout
+
+
+def test_the_audit_traces_datagrams_and_lists_unix_sockets(tmp_path: Path) -> None:
+    """N10 end to end: a UDP datagram sent without connect is caught, and the Unix sockets are listed."""
+    _need_audit_tools()
+    script = (
+        "import socket\n"
+        "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "try:\n    u.sendto(b'x', ('192.0.2.7', 53))\nexcept OSError:\n    pass\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n    s.connect('/nonexistent/diprl-audit.sock')\nexcept OSError:\n    pass\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "diprl.netaudit", "--trace", str(tmp_path / "t"), "--", sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "LEAK DNS query to 192.0.2.7:53" in result.stdout and "(sendto)" in result.stdout
+    assert "UNIX /nonexistent/diprl-audit.sock x1" in result.stdout
+    assert "unix_sockets=" in result.stdout
