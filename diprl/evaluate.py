@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from diprl.console import quiet_libraries, ray_init_options
 from diprl.eval.config import EvaluateConfig, load_evaluate_config, option_help
-from diprl.eval.refs import BASE, check_published, is_llm, zoo_model
+from diprl.eval.refs import check_published, is_llm, zoo_model
 from diprl.eval.report import check_writable
 from diprl.eval.suite import SuiteConfig
 from diprl.inference.adapters import IncompatibleAdapter
+from diprl.messages import PolicyRef
 from diprl.rollout.clients import PolicyClient
 from diprl.structured_config import read_command_line
 
@@ -94,7 +95,7 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
             server = server_config(config)
         except KeyError as exc:
             raise ValueError(str(exc).strip("'\"")) from None
-        adapters = [r for r in plan.llm_refs if r != BASE and not r.startswith("zoo:")]
+        adapters = [r for r in plan.llm_refs if PolicyRef.parse(r).is_adapter]
         try:
             check_published(adapters, config.adapters, server.max_lora_rank)
         except IncompatibleAdapter as exc:

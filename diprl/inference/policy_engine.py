@@ -48,7 +48,7 @@ from diprl.inference.requests import (
     validate_batch,
     validate_request,
 )
-from diprl.messages import ZOO_PREFIX, Generation, GenerationRequest
+from diprl.messages import Generation, GenerationRequest, PolicyRef
 from diprl.policy.constraint import OrderConstraint, ReasoningOptions
 from diprl.policy.parser import legal_complete, parse_orders
 
@@ -132,7 +132,7 @@ class PolicyEngine:
         """The LoRARequest for `policy` (None for base), loaded if needed; marks it in use.
 
         Only requests for the same adapter wait for its load; one already loaded is served at once."""
-        if policy.startswith(ZOO_PREFIX):
+        if PolicyRef.parse(policy).is_zoo:  # validated: base, <policy>@v<N> or zoo:<name>
             return await self._acquire_zoo(policy)
         ref = parse_policy_ref(policy)
         if ref is None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from diprl.game.legal import PhaseKind, PowerOrders
 from diprl.inference.adapters import parse_policy_ref
-from diprl.messages import ZOO_PREFIX, PolicyRef, UnknownPolicyRef
+from diprl.messages import PolicyRef, UnknownPolicyRef
 
 REQUEST_KEYS = frozenset(
     {"policy", "prompt", "legal", "temperature", "max_tokens", "reasoning_max_tokens", "request_id", "sample_seed"}
@@ -115,12 +115,11 @@ def validate_request(request: Any, limits: EngineLimits) -> ValidRequest:
     policy = request.get("policy", "base")
     if not isinstance(policy, str):
         raise RequestError(f"'policy' must be a string ('base' or '<policy>@v<N>'), got {_describe(policy)}")
-    if policy.startswith(ZOO_PREFIX):  # a shipped policy: its entry is verified where it is served
-        try:
-            PolicyRef.parse(policy)
-        except UnknownPolicyRef as err:
-            raise RequestError(str(err)) from None
-    else:
+    try:
+        ref = PolicyRef.parse(policy)
+    except UnknownPolicyRef:
+        ref = None
+    if ref is None or not ref.is_zoo:  # a shipped policy's entry is verified where it is served
         parse_policy_ref(policy)  # InvalidAdapterName (an AdapterError) for anything but base / <policy>@v<N>
 
     max_tokens = request.get("max_tokens", DEFAULT_MAX_TOKENS)
