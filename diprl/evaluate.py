@@ -127,6 +127,7 @@ def server_config(config: EvaluateConfig) -> ServerConfig:
 def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     """A local Ray (loopback) with the PolicyServer serving `config.adapters`, torn down afterwards."""
     from diprl.inference.deploy import serving
+    from diprl.policy.models import build_model
     from diprl.raysession import ray_session
     from diprl.rollout.clients import ServeClient
 
@@ -134,6 +135,7 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     # The command reaches its server through Serve handles, never its HTTP route: any free port will do, so
     # an evaluation runs beside a training run's server (which holds the configured port).
     server = replace(server_config(config), port=0)
+    build_model(server.model)  # once, up front: the replicas only look it up
     if config.verbose:
         server = replace(server, log_level="INFO")  # the replicas' vLLM and Serve logs too
     with ray_session(address="local", num_cpus=config.ray_cpus or None, **ray_init_options(config.verbose)):

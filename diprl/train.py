@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.console import quiet_libraries
+from diprl.policy.models import build_model
 from diprl.run.actors import ray_options, server_config, start_actors, web_app
 from diprl.run.config import CONF_DIR, Config, ConfigError, compose_config
 from diprl.run.driver import Driver, Stop, stop_on_signals
@@ -58,6 +59,8 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         try:
             quiet_libraries(verbose)  # Serve configures its own driver-side logger on import: quiet it again
             server = server_config(config, run_dir, verbose)
+            for model in (config.model, server.model):  # built once, here: actors and replicas look them up
+                build_model(model)
             with deploying(server, config.placement.inference) as deployment, web_app(config, run_dir):
                 actors = start_actors(config, run_dir)  # while the PolicyServer's replicas start
                 deployment.result()  # up before any match or evaluation is asked of it

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 for _name, _value in {
     "HF_HUB_OFFLINE": "1",
     "WANDB_MODE": "offline",
@@ -18,3 +20,12 @@ for _name, _value in {
 from diprl.raysession import prepare_environment  # noqa: E402  (after the offline defaults)
 
 prepare_environment()  # before any test module imports Ray or vLLM
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _built_models() -> None:
+    """The test session is an entry point: it builds the tiny model once, up front, as `train` and `evaluate`
+    do (`diprl.policy.models.build_model`); everything the tests start only looks it up."""
+    from diprl.policy.models import build_model
+
+    build_model("tiny")

@@ -110,7 +110,7 @@ def vllm_comparison(
 
     from diprl.inference.engine import EngineConfig, OrderRequest, generate_orders, make_llm, sampling_params
     from diprl.inference.logits_processor import OrderConstraintLogitsProcessor
-    from diprl.policy.models import load_preset, resolve_model_path
+    from diprl.policy.models import build_model
     from diprl.policy.parser import legal_complete, parse_orders
     from diprl.policy.prompt import build_prompt
 
@@ -129,7 +129,7 @@ def vllm_comparison(
     OrderConstraintLogitsProcessor.apply = timed_apply  # type: ignore[method-assign]
     # A bar over the stages (engine start, warm-up, two rounds of both runs); results print after it.
     with progress_bar(6, "starting vLLM", bar_enabled(quiet), "stage") as bar:
-        path = str(resolve_model_path(load_preset("tiny")))
+        path = str(build_model("tiny"))
         llm = make_llm(EngineConfig(model=path, max_num_seqs=max_num_seqs))
         bar.update()
         bar.set_description("warm-up")

@@ -99,9 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from diprl.inference.adapters import AdapterStore
     from diprl.inference.config import ServerConfig
     from diprl.inference.deploy import serving
-    from diprl.policy.models import save_random_lora
+    from diprl.policy.models import build_model, save_random_lora
     from diprl.raysession import ray_session
 
+    build_model("tiny")  # once, up front: the random adapters' base and the server look it up
     root = Path(tempfile.mkdtemp(prefix="diprl-bench-inference-"))
     store = AdapterStore(root / "adapters")
     sources = [save_random_lora(root / f"src{i}", seed=100 + i) for i in range(5)]

@@ -118,7 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.skip_model:
             from diprl.inference.config import ServerConfig
             from diprl.inference.deploy import serving
+            from diprl.policy.models import build_model
 
+            build_model("tiny")  # once, before serving: the replicas only look it up
             server = ServerConfig(
                 model="tiny",
                 adapter_root=str(run_dir / "adapters"),

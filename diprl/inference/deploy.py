@@ -189,7 +189,7 @@ def serve_policy(config: ServerConfig, resources: Mapping[str, float] | None = N
     """
     import errno
 
-    model_path, dtype = resolve_model(config)  # build the tiny model once, here, not in every replica
+    model_path, dtype = resolve_model(config)  # looked up once, here (the entry point built it), not per replica
     config = replace(
         config,
         model=model_path,

@@ -59,7 +59,7 @@ __all__ = ["HEALTH_CHECK_TIMEOUT_S", "LoadedAdapter", "PolicyEngine", "resolve_m
 
 
 def resolve_model(config: ServerConfig) -> tuple[str, str]:
-    """(local model path, dtype) for a preset name or a checkpoint path; builds the tiny model if needed."""
+    """(local model path, dtype) for a preset name or a checkpoint path (looked up: entry points build it)."""
     from diprl.policy.models import known_presets, load_preset, resolve_model_path
 
     if config.model in known_presets():

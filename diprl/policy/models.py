@@ -10,6 +10,11 @@ tests keep the real models' tokenizer under the constraint. Building is determin
 spec gives the same bytes, so logprob parity tests between vLLM and the learner are reproducible
 anywhere.
 
+Setup flows one way: an entry point (train, evaluate, the web app, a benchmark, the test session) calls
+`build_model` once, up front, which builds the tokenizer, then the body from it. Everything after that
+only looks the model up (`resolve_model_path`), which never builds: a lookup of a model nobody built is
+a `ModelNotBuilt` error naming the fix, not a build hidden inside deploying a server or starting an actor.
+
 Presets are typed dataclasses. The YAML files in `conf/model/` are the editable copies Hydra
 composes (`model=tiny`); they extend the `base_model` schema registered in Hydra's ConfigStore, so a
 typo'd key or a wrong type fails at composition, and `load_preset` applies the same schema when
@@ -39,6 +44,7 @@ from diprl.policy.tokenizer import (
     looks_like_hub_id,
     qwen_tokenizer_path,
     tokenizer_fingerprint,
+    verify_cached_dir,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +58,10 @@ QWEN3_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 """Every linear layer of a Qwen3 block; the LM head is tied to the embeddings and stays frozen."""
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+class ModelNotBuilt(FileNotFoundError):
+    """A model was looked up before any entry point built it (`build_model`)."""
 
 
 class TokenizerKind(StrEnum):
@@ -312,21 +322,24 @@ def tiny_model_dir_name(spec: TinyModelSpec) -> str:
     return "tiny-qwen3-" + fingerprint({"recipe": TINY_RECIPE_VERSION, "spec": asdict(spec)})[:12]
 
 
-def _write_tiny_model(spec: TinyModelSpec, out: Path) -> None:
-    save_tiny_model(create_tiny_model(spec, chat_token_ids(spec_tokenizer_path(spec))), spec, out)
+def _tiny_model_key(spec: TinyModelSpec) -> str:
+    """The content key of a built tiny model: its spec, the recipe and its tokenizer (no build needed)."""
+    tokenizer = spec_tokenizer_fingerprint(spec)
+    return fingerprint({"recipe": TINY_RECIPE_VERSION, "spec": asdict(spec), "tokenizer": tokenizer})
 
 
-def save_tiny_model(model: Qwen3ForCausalLM, spec: TinyModelSpec, out: Path) -> None:
+def save_tiny_model(model: Qwen3ForCausalLM, spec: TinyModelSpec, out: Path, tokenizer_dir: Path | None = None) -> None:
     """`model` (of `spec`'s shape) as a loadable checkpoint: safetensors, config, generation config, tokenizer.
 
     The seeded random body and a pretrained one (`diprl.imitation.pretrain`) are written alike, so vLLM,
-    PEFT and the learner load either the same way.
+    PEFT and the learner load either the same way. `tokenizer_dir`: the spec's built tokenizer (built
+    here when not given).
     """
     import shutil
 
     from transformers import GenerationConfig
 
-    tokenizer_dir = spec_tokenizer_path(spec)
+    tokenizer_dir = tokenizer_dir if tokenizer_dir is not None else spec_tokenizer_path(spec)
     ids = chat_token_ids(tokenizer_dir)
     model.save_pretrained(out, safe_serialization=True)
     # No sampling defaults: vLLM would adopt them silently as request defaults.
@@ -337,35 +350,68 @@ def save_tiny_model(model: Qwen3ForCausalLM, spec: TinyModelSpec, out: Path) -> 
         shutil.copyfile(tokenizer_dir / name, out / name)
 
 
+def tiny_model_dir(spec: TinyModelSpec) -> Path:
+    """Where the seeded tiny model of `spec` lives once built: `<cache_root()>/models/tiny-qwen3-<hash>`."""
+    return cache_root() / "models" / tiny_model_dir_name(spec)
+
+
 def build_tiny_model(spec: TinyModelSpec, out_dir: Path | None = None) -> Path:
     """Directory of a loadable tiny Qwen3 checkpoint (safetensors, config, generation config,
-    tokenizer), built on first use and reused while its stamp verifies.
+    tokenizer), built when missing and reused while its stamp verifies.
 
-    `out_dir` defaults to `<cache_root()>/models/tiny-qwen3-<hash of spec>`. The directory is
+    The tokenizer is built first and handed down, so the body, its config and the copied tokenizer
+    files all come from one directory. `out_dir` defaults to `tiny_model_dir(spec)`. The directory is
     written to a temp sibling and renamed into place, so a concurrent or killed build never leaves
     a half-written model; a changed tokenizer recipe or a corrupt file triggers a rebuild.
     """
-    target = out_dir if out_dir is not None else cache_root() / "models" / tiny_model_dir_name(spec)
-    key = fingerprint(
-        {"recipe": TINY_RECIPE_VERSION, "spec": asdict(spec), "tokenizer": spec_tokenizer_fingerprint(spec)}
-    )
-    return build_cached_dir(target, key, lambda out: _write_tiny_model(spec, out))
+    target = out_dir if out_dir is not None else tiny_model_dir(spec)
+    key = _tiny_model_key(spec)
+    if verify_cached_dir(target, key):
+        return target
+    tokenizer_dir = spec_tokenizer_path(spec)
+    return build_cached_dir(target, key, lambda out: _write_tiny_model(spec, tokenizer_dir, out))
+
+
+def _write_tiny_model(spec: TinyModelSpec, tokenizer_dir: Path, out: Path) -> None:
+    save_tiny_model(create_tiny_model(spec, chat_token_ids(tokenizer_dir)), spec, out, tokenizer_dir)
+
+
+def build_model(preset: ModelPreset | str) -> Path | str:
+    """Build what `preset` needs on this machine (tokenizer and seeded body of a tiny preset) and return
+    its path: what an entry point calls once, up front, before anything looks the model up.
+
+    A name is a preset's (`conf/model/<name>.yaml`), or else a checkpoint path (a server's `model`),
+    returned as it is: nothing of ours to build.
+    """
+    if isinstance(preset, str):
+        if preset not in known_presets():
+            return preset
+        preset = load_preset(preset)
+    if preset.source is ModelSource.tiny and preset.tiny is not None and not preset.path:
+        return build_tiny_model(preset.tiny)
+    return resolve_model_path(preset)
 
 
 def resolve_model_path(preset: ModelPreset) -> Path | str:
-    """What to hand to vLLM / transformers for `preset`: a local directory, or a hub id.
+    """What to hand to vLLM / transformers for `preset`: a local directory, or a hub id. Never builds.
 
-    The tiny model is built on demand. A real preset's `path` is used when it is a local
-    directory; otherwise it must be a hub id. With `HF_HUB_OFFLINE` set a hub id resolves only to
-    a snapshot already in the local Hugging Face cache, and anything else is a clear error here
-    rather than a network timeout deep inside vLLM.
+    A seeded tiny model is found where `build_model` put it (`ModelNotBuilt` before that). A real
+    preset's `path` is used when it is a local directory; otherwise it must be a hub id. With
+    `HF_HUB_OFFLINE` set a hub id resolves only to a snapshot already in the local Hugging Face cache,
+    and anything else is a clear error here rather than a network timeout deep inside vLLM.
     """
     if preset.source is ModelSource.tiny:
         if preset.tiny is None:
             raise ValueError(f"model preset {preset.name!r}: source 'tiny' needs a 'tiny' spec")
         if preset.path:
             return pretrained_tiny_dir(preset)
-        return build_tiny_model(preset.tiny)
+        directory = tiny_model_dir(preset.tiny)
+        if not verify_cached_dir(directory, _tiny_model_key(preset.tiny)):
+            raise ModelNotBuilt(
+                f"model preset {preset.name!r} is not built on this machine (no verified model at {directory}): "
+                "entry points build it up front with `diprl.policy.models.build_model(preset)`; call that first"
+            )
+        return directory
     if not preset.path:
         raise ValueError(f"model preset {preset.name!r}: source 'hub_or_path' needs 'path'")
     local = Path(preset.path).expanduser()

@@ -29,12 +29,12 @@ def make_client(kind: str, serve_app: str = "policy", model: str = "tiny", seed:
     if kind == "serve":
         return ServeClient(app_name=serve_app)
     if kind == "uniform":
-        from diprl.policy.models import load_preset, logits_width, resolve_model_path
+        from diprl.policy.models import load_preset, logits_width, preset_tokenizer_path
         from diprl.policy.tokenizer import load_tokenizer
         from diprl.policy.vocab import token_table
 
         preset = load_preset(model)
-        tokenizer = load_tokenizer(resolve_model_path(preset))
+        tokenizer = load_tokenizer(preset_tokenizer_path(preset))
         return UniformConstrainedClient(token_table(tokenizer, logits_width(preset)), seed=seed, tokenizer=tokenizer)
     raise ValueError(f"unknown policy client {kind!r}: use one of {', '.join(CLIENTS)}")
 

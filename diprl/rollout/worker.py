@@ -72,14 +72,14 @@ def stratified_matches(
 
 def make_episode(config: WorkerConfig) -> Episode:
     """The episode a worker plays: rubric and credit from the reward config, the model's token table."""
-    from diprl.policy.models import load_preset, logits_width, resolve_model_path
+    from diprl.policy.models import load_preset, logits_width, preset_tokenizer_path
     from diprl.policy.tokenizer import load_tokenizer
     from diprl.policy.vocab import token_table
     from diprl.rollout.credit import CreditAssigner
     from diprl.rollout.rewards import Rubric, load_reward_config
 
     preset = load_preset(config.model)
-    table = token_table(load_tokenizer(resolve_model_path(preset)), logits_width(preset))
+    table = token_table(load_tokenizer(preset_tokenizer_path(preset)), logits_width(preset))
     reward = load_reward_config(config.reward)
     if config.train_turns is not None:
         reward = replace(reward, credit=replace(reward.credit, train_turns=config.train_turns))

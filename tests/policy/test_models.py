@@ -153,9 +153,9 @@ def test_cached_model_is_reused_and_a_corrupt_one_rebuilt(tmp_path: Path, monkey
     builds: list[Path] = []
     real = models._write_tiny_model
 
-    def counting(spec: TinyModelSpec, out: Path) -> None:
+    def counting(spec: TinyModelSpec, tokenizer_dir: Path, out: Path) -> None:
         builds.append(out)
-        real(spec, out)
+        real(spec, tokenizer_dir, out)
 
     monkeypatch.setattr(models, "_write_tiny_model", counting)
     assert build_tiny_model(spec, target) == target
@@ -241,6 +241,20 @@ def test_bad_yaml_key_and_type_are_clear_errors(tmp_path: Path) -> None:
     _write_preset(tmp_path, "no_path", "name: no_path\nsource: hub_or_path\n")
     with pytest.raises(ValueError, match=r"needs 'path'"):
         load_preset("no_path", tmp_path)
+
+
+def test_looking_up_an_unbuilt_model_is_a_clear_error_and_builds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found: a lookup built the tiny model (and its tokenizer) as a side effect, so deploying a server or
+    starting an actor built it wherever that happened to run. Only `build_model` builds."""
+    monkeypatch.setenv("DIPRL_CACHE_DIR", str(tmp_path))
+    preset = load_preset("tiny")
+    with pytest.raises(models.ModelNotBuilt, match=r"'tiny' is not built.*build_model"):
+        resolve_model_path(preset)
+    assert list(tmp_path.iterdir()) == []  # no tokenizer, no model: nothing was built
+    built = models.build_model(preset)
+    assert resolve_model_path(preset) == built == tmp_path / "models" / models.tiny_model_dir_name(TinyModelSpec())
 
 
 def test_resolve_model_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> None:
