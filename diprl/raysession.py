@@ -18,6 +18,11 @@ because each of these was a real leak when commands started Ray themselves:
   directory that holds that file as `{}`, so the check finds nothing to ask about; the user's own home
   is left untouched (the driver's `HOME` is restored once the head is up).
 - vLLM's GPU worker posts usage statistics unless `VLLM_NO_USAGE_STATS`/`DO_NOT_TRACK` are set.
+- Ray makes its temp root (`$RAY_TMPDIR`, else `$TMPDIR/ray`), each session's directory and its
+  `logs`, `sockets` and `runtime_resources` mode 0777 without the sticky bit ("so others can use
+  it"), so any local account could swap a socket, a log or a runtime environment. A local head is
+  started with that chmod switched off, and the root and every directory of the session are made
+  0700 once the head is up (`_private_directories`).
 
 Joining an existing cluster (`RAY_ADDRESS`, e.g. inside `ray job submit` on a `ray up` cluster) starts
 nothing and changes none of that cluster's settings.
@@ -29,6 +34,7 @@ import contextlib
 import logging
 import os
 import secrets
+import stat
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -36,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from diprl.cache import cache_root
+
+log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 
@@ -145,6 +153,54 @@ def _loopback_constant() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = old
 
 
+@contextlib.contextmanager
+def _directories_not_shared() -> Iterator[None]:
+    """Ray's "make this directory shared" (a chmod to 0777) switched off while a local head starts."""
+    from ray._common import utils
+
+    old = utils.try_make_directory_shared
+    utils.try_make_directory_shared = lambda directory_path: None
+    try:
+        yield
+    finally:
+        utils.try_make_directory_shared = old
+
+
+PRIVATE_DIR_MODE = 0o700
+
+
+def _make_private(path: Path) -> None:
+    """`path` (a real directory this user owns) mode 0700; another account's, or a symlink, is left alone."""
+    try:
+        st = path.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != PRIVATE_DIR_MODE:
+            os.chmod(path, PRIVATE_DIR_MODE, follow_symlinks=False)
+    except OSError as exc:
+        log.warning("could not make %s private to this user: %s", path, exc.strerror)
+
+
+def _private_directories() -> None:
+    """The local head's temp root and every directory of its session, private to this user (0700)."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is None:
+        return
+    _make_private(Path(node.get_temp_dir_path()))
+    session = Path(node.get_session_dir_path())
+    _make_private(session)
+    for top, names, _ in os.walk(session):
+        for name in names:
+            _make_private(Path(top, name))
+
+
+def _temp_root(init_options: Mapping[str, Any]) -> Path:
+    """Where a new local head will put its sessions (Ray's own rule)."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    return Path(init_options.get("_temp_dir") or get_default_ray_temp_dir())
+
+
 def connect(
     *,
     num_cpus: int | None = None,
@@ -181,9 +237,14 @@ def connect(
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     # The head's processes (and every worker the raylet starts later) inherit this environment: a
     # private HOME, and the cluster switch off so that a worker's own idea of its address is loopback.
+    root = _temp_root(init_options)
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
+    _make_private(root)
     with (
         _environment({"HOME": str(private_home()), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}),
         _loopback_constant(),
+        _directories_not_shared(),
     ):
         context = ray.init(
             address="local",
@@ -194,6 +255,7 @@ def connect(
             _node_ip_address=LOOPBACK,
             **init_options,
         )
+    _private_directories()
     url = getattr(context, "dashboard_url", None) or None
     node_address = str(getattr(context, "address_info", {}).get("gcs_address", ""))
     token = os.environ.get("RAY_AUTH_TOKEN_PATH") or None
