@@ -339,21 +339,28 @@ MATCH_STAGES = ("play", "deliver", "inference", "engine", "bots")
 
 
 @dataclass
+class PlayCounts:
+    """What playing one match counted: the episode tallies it and the worker's report carries it whole."""
+
+    phases: int = 0  # fork-phases stepped (each fork's phase counts once)
+    completions: int = 0  # LLM decisions (every seat, phase and fork)
+    hero_completions: int = 0  # the hero seat's LLM decisions
+    bad_completions: int = 0  # malformed: the game layer played defaults for what they missed
+    untrainable_completions: int = 0  # with an error or no tokens: left out of their group, never fatal
+    failed_requests: int = 0  # LLM requests the server answered with an error
+    first_error: str | None = None  # the first of them, as the server said it
+    skipped_zero_variance: int = 0  # trained seats whose forks all scored the same (no comparison)
+
+
+@dataclass
 class MatchReport:
     """What a rollout worker tells the driver about one match it played (groups went to the ledger)."""
 
     match_id: str
     results: list[MatchResult]
     groups: list[str]  # ids of the groups the ledger accepted from this match
+    counts: PlayCounts = field(default_factory=PlayCounts)
     undelivered: int = 0  # groups the ledger refused (the run is stopping) or another attempt is delivering
-    skipped_zero_variance: int = 0
-    phases: int = 0
-    completions: int = 0
-    hero_completions: int = 0
-    bad_completions: int = 0
-    untrainable_completions: int = 0
-    failed_requests: int = 0  # LLM requests the server answered with an error
-    first_error: str | None = None  # the first of them, as the server said it
     group_records: int = 0
     hero_returns: list[float] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (`MATCH_STAGES`)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from diprl.messages import Match, MatchReport
+from diprl.messages import Match, MatchReport, PlayCounts
 from diprl.run.journal import Journal
 from diprl.run.matches import MatchScheduler, ServingFailed
 from diprl.run.progress import RunStats
@@ -55,7 +55,7 @@ class League:
 
 
 def report(completions: int, failed: int, error: str | None = None) -> MatchReport:
-    return MatchReport("m", [], [], completions=completions, failed_requests=failed, first_error=error)
+    return MatchReport("m", [], [], PlayCounts(completions=completions, failed_requests=failed, first_error=error))
 
 
 def scheduler(tmp_path: Path, reports: list[MatchReport], monkeypatch: pytest.MonkeyPatch) -> MatchScheduler:
@@ -111,8 +111,10 @@ def test_bad_completions_tied_groups_and_stage_timings_reach_the_runs_metrics(
     monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
     stages = {"play": 4.0, "deliver": 0.5, "inference": 2.0, "engine": 1.0, "bots": 0.25}
     played = [
-        MatchReport("m1", [], ["g1"], completions=10, bad_completions=3, skipped_zero_variance=1, timings=stages),
-        MatchReport("m2", [], ["g2", "g3"], completions=10, bad_completions=0, timings={k: 0.0 for k in stages}),
+        MatchReport(
+            "m1", [], ["g1"], PlayCounts(completions=10, bad_completions=3, skipped_zero_variance=1), timings=stages
+        ),
+        MatchReport("m2", [], ["g2", "g3"], PlayCounts(completions=10), timings={k: 0.0 for k in stages}),
     ]
     s = scheduler(tmp_path, played, monkeypatch)
     s.journal.tracker = Tracker(tmp_path, {}, use_wandb=True)

@@ -60,8 +60,8 @@ def bare_game_layer(matches: Sequence[Match], phases: dict[str, int], max_year: 
 
 
 def summarise(label: str, reports: Sequence[MatchReport], wall: float) -> float:
-    phases = sum(r.phases for r in reports)
-    completions = sum(r.completions for r in reports)
+    phases = sum(r.counts.phases for r in reports)
+    completions = sum(r.counts.completions for r in reports)
     print(f"\n{label}: {len(reports)} matches, {phases} fork-phases, {completions} LLM completions, {wall:.1f} s wall")
     print(f"  {phases / wall:.1f} phases/s, {completions / wall:.1f} completions/s")
     return phases / wall
@@ -106,9 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     [Match(f"{m.match_id}-r{round_index}", m.seats, m.hero, m.seed) for m in matches]
                 )
                 wall = time.perf_counter() - start
-                if sum(s.phases for s in summaries) / wall > rollout_rate:
-                    rollout_rate, best = sum(s.phases for s in summaries) / wall, (summaries, wall)
-                phases = {s.match_id.rsplit("-r", 1)[0]: s.phases for s in summaries}
+                if sum(s.counts.phases for s in summaries) / wall > rollout_rate:
+                    rollout_rate, best = sum(s.counts.phases for s in summaries) / wall, (summaries, wall)
+                phases = {s.match_id.rsplit("-r", 1)[0]: s.counts.phases for s in summaries}
                 bar.update()
                 bar.set_description(f"bots only: round {round_index + 1} of 2, bare game layer")
                 bare_rate = max(bare_rate, bare_game_layer(matches, phases, episode.max_year))
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 wall = time.perf_counter() - start
                 bar.update()
             summarise("tiny model through the PolicyServer", model_summaries, wall)
-            bad = sum(s.bad_completions for s in model_summaries)
+            bad = sum(s.counts.bad_completions for s in model_summaries)
             print(f"  bad completions: {bad}; groups delivered: {sum(len(s.groups) for s in model_summaries)}")
     print(f"rollout_efficiency={rollout_rate / bare_rate:.2f}")
     return 0

@@ -30,7 +30,7 @@ from diprl.bots.base import Agent
 from diprl.game import DiplomacyGame, PhaseKind
 from diprl.game.replay import to_saved_game
 from diprl.game.scoring import ranks
-from diprl.messages import Match, MatchResult, TrainingRecord, TrajectoryGroup, group_id
+from diprl.messages import Match, MatchResult, PlayCounts, TrainingRecord, TrajectoryGroup, group_id
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.credit import CreditAssigner
 from diprl.rollout.lockstep import PhaseOutcome, SeedFn, Table, TemperatureFn, Turn, request_seed
@@ -100,14 +100,7 @@ class EpisodeOutput:
     groups: list[TrajectoryGroup] = field(default_factory=list)
     results: list[MatchResult] = field(default_factory=list)
     trace: dict[str, Any] | None = None
-    skipped_zero_variance: int = 0  # trained seats whose forks all scored the same (no comparison)
-    phases: int = 0  # fork-phases stepped (each fork's phase counts once)
-    completions: int = 0
-    hero_completions: int = 0  # the hero seat's LLM decisions (every phase it played, every fork)
-    bad_completions: int = 0
-    untrainable_completions: int = 0  # completions with an error or no tokens: left out of their group
-    failed_requests: int = 0  # completions the server answered with an error
-    first_error: str | None = None  # the first such error, as the server said it
+    counts: PlayCounts = field(default_factory=PlayCounts)
     hero_returns: list[float] = field(default_factory=list)  # the hero's fork returns, trained on or not
 
 
@@ -240,15 +233,16 @@ class Episode:
                 first = [dict(o.turns) for o in outcomes]
 
     def _count(self, outcomes: Sequence[PhaseOutcome], match: Match, out: EpisodeOutput) -> None:
-        out.phases += len(outcomes)
+        counts = out.counts
+        counts.phases += len(outcomes)
         for outcome in outcomes:
             for power, turn in outcome.turns.items():
-                out.completions += 1
-                out.hero_completions += power == match.hero
-                out.bad_completions += turn.answer.bad
+                counts.completions += 1
+                counts.hero_completions += power == match.hero
+                counts.bad_completions += turn.answer.bad
                 if turn.answer.error is not None:
-                    out.failed_requests += 1
-                    out.first_error = out.first_error or turn.answer.error
+                    counts.failed_requests += 1
+                    counts.first_error = counts.first_error or turn.answer.error
 
     def _group(
         self,
@@ -270,14 +264,14 @@ class Episode:
         if not deciding:
             return None, [None] * len(first)
         compared = [k for k in deciding if first[k][power].answer.trainable]
-        out.untrainable_completions += len(deciding) - len(compared)
+        out.counts.untrainable_completions += len(deciding) - len(compared)
         per_fork: list[float | None] = [None] * len(first)
         if not compared:  # every forked decision failed: nothing to compare, nothing to train
             return None, per_fork
         returns = [scores[k].total for k in compared]
         advantages, std = self.credit.group_advantages(returns)
         if advantages is None:
-            out.skipped_zero_variance += 1
+            out.counts.skipped_zero_variance += 1
             return None, per_fork
         version = match.seats[power]
         records: list[TrainingRecord] = []
@@ -287,7 +281,7 @@ class Episode:
             score = scores[k]
             for index, turn in enumerate(turns[k][power] if all_turns else [first[k][power]]):
                 if not turn.answer.trainable:
-                    out.untrainable_completions += 1  # counted, never trained on, never fatal
+                    out.counts.untrainable_completions += 1  # counted, never trained on, never fatal
                     continue
                 # Per-order rewards are scored for the forked decision only; later turns carry the
                 # fork's group advantage alone.

@@ -76,17 +76,20 @@ class Actors:
     evaluator: Any
 
 
+@dataclass(eq=False)
 class Driver:
-    def __init__(
-        self, config: Config, run_dir: Path, actors: Actors, journal: Journal, counters: Counters, stop: Stop
-    ) -> None:
-        self.config = config
-        self.run_dir = run_dir
-        self.actors = actors
-        self.journal = journal
-        self.counters = counters
+    """The run's loop over its owners of work (see the module doc)."""
+
+    config: Config
+    run_dir: Path
+    actors: Actors
+    journal: Journal
+    counters: Counters
+    stop: Stop
+
+    def __post_init__(self) -> None:
+        config, actors, journal, counters = self.config, self.actors, self.journal, self.counters
         self.started = time.monotonic()
-        self.stop = stop
         self.ledger_closed = False
         self.chaos_done = False
         self.rating: float | None = None

@@ -9,6 +9,7 @@ to `evaluation.retries` times, before the next one: the step-0 "before" is not l
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from diprl.messages import EvaluationResult
@@ -17,17 +18,19 @@ from diprl.run.journal import Journal
 from diprl.run.rundir import Counters
 
 
+@dataclass(eq=False)
 class EvalSchedule:
-    def __init__(self, evaluator: Any, config: EvalScheduleConfig, journal: Journal, counters: Counters) -> None:
-        self.evaluator = evaluator
-        self.config = config
-        self.journal = journal
-        self.counters = counters
-        self.running: dict[Any, tuple[str, int, int]] = {}  # ref -> (version, step, attempt)
-        self.waiting: list[tuple[str, int, int]] = []
-        self.next_step: int | None = None
-        self.last_version: str | None = None
-        self.last: dict[str, float] = {}  # opponents -> hero mean centres of the latest evaluation
+    """Which version is evaluated when, one evaluation at a time (see the module doc)."""
+
+    evaluator: Any
+    config: EvalScheduleConfig
+    journal: Journal
+    counters: Counters
+    running: dict[Any, tuple[str, int, int]] = field(default_factory=dict)  # ref -> (version, step, attempt)
+    waiting: list[tuple[str, int, int]] = field(default_factory=list)
+    next_step: int | None = None
+    last_version: str | None = None
+    last: dict[str, float] = field(default_factory=dict)  # opponents -> hero mean centres of the latest evaluation
 
     def start(self, version: str, step: int) -> None:
         e = self.config

@@ -70,12 +70,13 @@ class MatchScheduler:
         return list(self.playing)
 
     def _check_serving(self, report: MatchReport) -> None:
-        every_request_failed = report.completions > 0 and report.failed_requests == report.completions
+        counts = report.counts
+        every_request_failed = counts.completions > 0 and counts.failed_requests == counts.completions
         self.failing = self.failing + 1 if every_request_failed else 0
         if self.failing >= self.failing_limit:
             raise ServingFailed(
                 f"every LLM request of the last {self.failing} matches failed; the PolicyServer said: "
-                f"{report.first_error}"
+                f"{counts.first_error}"
             )
 
     def in_flight(self, index: int) -> list[str]:
@@ -103,9 +104,9 @@ class MatchScheduler:
             ray.get(self.league.report.remote(report.results))
             self.counters.results += len(report.results)
         self.counters.groups += len(report.groups)
-        self.counters.completions += report.completions
-        self.counters.hero_completions += report.hero_completions
-        self.counters.bad_completions += report.bad_completions
-        self.counters.zero_variance_skips += report.skipped_zero_variance
+        self.counters.completions += report.counts.completions
+        self.counters.hero_completions += report.counts.hero_completions
+        self.counters.bad_completions += report.counts.bad_completions
+        self.counters.zero_variance_skips += report.counts.skipped_zero_variance
         self.journal.stats.match(report)
         return report

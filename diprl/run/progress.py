@@ -54,9 +54,9 @@ class RunStats:
     def health(self) -> dict[str, float]:
         """Malformed completions and tied groups as shares, and each stage's mean seconds per match."""
         reports = list(self.matches)
-        completions = sum(r.completions for r in reports)
-        bad = sum(r.bad_completions for r in reports)
-        tied = sum(r.skipped_zero_variance for r in reports)
+        completions = sum(r.counts.completions for r in reports)
+        bad = sum(r.counts.bad_completions for r in reports)
+        tied = sum(r.counts.skipped_zero_variance for r in reports)
         compared = tied + sum(len(r.groups) + r.undelivered for r in reports)
         record = {
             "rollout/bad_completion_rate": bad / completions if completions else 0.0,

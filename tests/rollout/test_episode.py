@@ -150,9 +150,9 @@ def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
             advantage, record.completion_ids, table.texts, orders, record.order_rewards
         )
         assert record.advantages == pytest.approx(rebuilt)
-    assert out.untrainable_completions == 1
+    assert out.counts.untrainable_completions == 1
     # Counted for the driver, which ends a run whose every request fails, with the server's words.
-    assert (out.failed_requests, out.first_error) == (1, "EngineDead: replica restarting")
+    assert (out.counts.failed_requests, out.counts.first_error) == (1, "EngineDead: replica restarting")
 
 
 def _forked_kind(share: float) -> str:
@@ -218,7 +218,7 @@ class _FailsEveryFork(_FailsOneFork):
 def test_a_decision_that_failed_in_every_fork_yields_no_group_and_no_error() -> None:
     """Found by the web app's tests: no trainable fork raised out of the episode (an empty comparison)."""
     out = _run(_episode("fork", group_size=2), _match(5), _FailsEveryFork(_client()))
-    assert out.groups == [] and len(out.results) == 2 and out.untrainable_completions == 2
+    assert out.groups == [] and len(out.results) == 2 and out.counts.untrainable_completions == 2
 
 
 def _opponents_at_the_fork(common: bool) -> list[dict[str, list[str]]]:

@@ -68,7 +68,7 @@ def test_two_workers_produce_well_formed_groups_with_stratified_heroes(
     assert sorted(g.group_id for g in groups) == sorted(delivered) and delivered
     # every match's hero seat is accounted for: a group delivered, or forks that all scored the same (random
     # orders tie a group of 3 forks in 1901-1902 about 4 times in 10, so how many are delivered is chance)
-    tied = sum(r.skipped_zero_variance for r in reports)
+    tied = sum(r.counts.skipped_zero_variance for r in reports)
     assert len(delivered) + tied == len(matches) and not any(r.undelivered for r in reports)
     assert len({g.group_id for g in groups}) == len(groups)
     assert len({r.worker_pid for r in reports}) == 2
@@ -136,8 +136,8 @@ def test_rollout_through_the_policy_server_with_the_tiny_model(ray_cluster: None
         runner = RolloutRunner(config, num_workers=2, run_dir=tmp_path)
         reports = runner.run(list(stratified_matches(4, "main@v1", ["main@v1", "bot:dumbbot"], seed=3)))
         groups = runner.drain()
-        assert all(r.bad_completions == 0 and r.completions > 0 for r in reports)
-        assert groups, [r.skipped_zero_variance for r in reports]
+        assert all(r.counts.bad_completions == 0 and r.counts.completions > 0 for r in reports)
+        assert groups, [r.counts.skipped_zero_variance for r in reports]
         for group in groups:
             check_group(group, 4)
     finally:
