@@ -32,9 +32,9 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from diprl.structured_config import CONF_DIR
 
@@ -165,6 +165,25 @@ def model_shape(preset: Any) -> ModelShape:
 
 
 # ------------------------------------------------------------------------------------------ configs
+def sourced(default: float) -> Any:
+    """A rate, capacity or measured count the plan rests on: it must come with its source in `sources`."""
+    return field(default=default, metadata={"sourced": True})
+
+
+def sourced_fields(config: type) -> tuple[str, ...]:
+    """The fields of `config` declared with `sourced`, in declaration order."""
+    return tuple(f.name for f in fields(config) if f.metadata.get("sourced"))
+
+
+def unsourced(config: Any) -> list[str]:
+    """A problem line for every sourced field of `config` whose source (in its `sources`) is missing or blank."""
+    return [
+        f"{name} has no source (sources.{name}: where the number comes from)"
+        for name in sourced_fields(type(config))
+        if not str(config.sources.get(name, "")).strip()
+    ]
+
+
 @dataclass
 class ClusterConfig:
     """The GPUs of a cluster and the rates the time estimate assumes (Hydra group `cluster`).
@@ -178,39 +197,26 @@ class ClusterConfig:
     gpus_per_node: int = 8
     cpus_per_node: int = 96
     gpu_name: str = "gpu"
-    gpu_memory_gib: float = 0.0  # what the device reports as its total capacity
-    bf16_flops: float = 0.0  # dense bf16 peak, FLOP/s
-    hbm_bytes_per_s: float = 0.0
-    intra_node_bytes_per_s: float = 0.0  # GPU to GPU in a node, one direction
-    inter_node_bytes_per_s: float = 0.0  # node to node, one direction
+    gpu_memory_gib: float = sourced(0.0)  # what the device reports as its total capacity
+    bf16_flops: float = sourced(0.0)  # dense bf16 peak, FLOP/s
+    hbm_bytes_per_s: float = sourced(0.0)
+    intra_node_bytes_per_s: float = sourced(0.0)  # GPU to GPU in a node, one direction
+    inter_node_bytes_per_s: float = sourced(0.0)  # node to node, one direction
     interconnect: str = ""
-    train_utilisation: float = 0.0  # achieved / peak FLOP/s of a LoRA step, counted as 6 x params x tokens
-    decode_hbm_utilisation: float = 0.0  # achieved / peak HBM bandwidth of a vLLM decode step
-    storage_bytes_per_s: float = 0.0  # durable writes (publish, checkpoint), hashing and fsync included
-    runtime_reserve_gib: float = 0.0  # per GPU, outside any allocator: CUDA context, NCCL, CUDA graphs
+    train_utilisation: float = sourced(0.0)  # achieved / peak FLOP/s of a LoRA step, counted as 6 x params x tokens
+    decode_hbm_utilisation: float = sourced(0.0)  # achieved / peak HBM bandwidth of a vLLM decode step
+    storage_bytes_per_s: float = sourced(0.0)  # durable writes (publish, checkpoint), hashing and fsync included
+    runtime_reserve_gib: float = sourced(0.0)  # per GPU, outside any allocator: CUDA context, NCCL, CUDA graphs
     sources: dict[str, str] = field(default_factory=dict)
-
-    SOURCED: ClassVar[tuple[str, ...]] = (
-        "gpu_memory_gib",
-        "bf16_flops",
-        "hbm_bytes_per_s",
-        "intra_node_bytes_per_s",
-        "inter_node_bytes_per_s",
-        "train_utilisation",
-        "decode_hbm_utilisation",
-        "storage_bytes_per_s",
-        "runtime_reserve_gib",
-    )
 
     def __post_init__(self) -> None:
         problems = [f"{n} must be >= 1" for n in ("nodes", "gpus_per_node", "cpus_per_node") if getattr(self, n) < 1]
-        for name in self.SOURCED:
+        for name in sourced_fields(ClusterConfig):
             value = getattr(self, name)
             low_ok = value >= 0 if name == "runtime_reserve_gib" else value > 0
             if not (math.isfinite(value) and low_ok):
                 problems.append(f"{name} must be a positive number, got {value}")
-            if not str(self.sources.get(name, "")).strip():
-                problems.append(f"{name} has no source (sources.{name}: where the number comes from)")
+        problems += unsourced(self)
         for name in ("train_utilisation", "decode_hbm_utilisation"):
             if not 0 < getattr(self, name) <= 1:
                 problems.append(f"{name} must be in (0, 1], got {getattr(self, name)}")
@@ -231,45 +237,28 @@ class Workload:
     """
 
     tokenizer: str = "qwen3"
-    prompt_tokens: float = 0.0  # mean prompt of one request (one power, one phase)
-    completion_tokens: float = 0.0  # mean completion: one power's orders, `</orders>`, end of turn
-    shared_prompt_share: float = 0.0  # share of a prompt identical for the LLM seats of one phase (rules, board)
-    group_size: int = 4  # forks of one decision state (G)
-    decisions_per_fork: float = 1.0  # training records per fork: 1 for train_turns=fork
-    llm_seats: float = 0.0  # LLM seats per phase of a match
-    warmup_phases: float = 0.0  # phases played before the fork, on average
-    phases_per_fork: float = 0.0  # phases each fork plays to its horizon
-    groups_per_match: float = 1.0  # trained seats per match (each yields a group)
-    stale_share: float = 1.0  # records sampled by an older version: their old logprobs cost a forward pass
-    constraint_s_per_request_step: float = 0.0  # CPU time of the order constraint per request and decode step
-    rollout_s_per_phase: float = 0.0  # CPU time of a rollout worker per fork-phase (engine, rewards)
-    rollout_workers: int = 32
+    prompt_tokens: float = sourced(0.0)  # mean prompt of one request (one power, one phase)
+    completion_tokens: float = sourced(0.0)  # mean completion: one power's orders, `</orders>`, end of turn
+    shared_prompt_share: float = sourced(0.0)  # share of a prompt identical for one phase's LLM seats (rules, board)
+    group_size: int = sourced(4)  # forks of one decision state (G)
+    decisions_per_fork: float = sourced(1.0)  # training records per fork: 1 for train_turns=fork
+    llm_seats: float = sourced(0.0)  # LLM seats per phase of a match
+    warmup_phases: float = sourced(0.0)  # phases played before the fork, on average
+    phases_per_fork: float = sourced(0.0)  # phases each fork plays to its horizon
+    groups_per_match: float = sourced(1.0)  # trained seats per match (each yields a group)
+    stale_share: float = sourced(1.0)  # records sampled by an older version: their old logprobs cost a forward pass
+    constraint_s_per_request_step: float = sourced(0.0)  # CPU time of the order constraint per request and decode step
+    rollout_s_per_phase: float = sourced(0.0)  # CPU time of a rollout worker per fork-phase (engine, rewards)
+    rollout_workers: int = sourced(32)
     sources: dict[str, str] = field(default_factory=dict)
-
-    SOURCED: ClassVar[tuple[str, ...]] = (
-        "prompt_tokens",
-        "completion_tokens",
-        "shared_prompt_share",
-        "group_size",
-        "decisions_per_fork",
-        "llm_seats",
-        "warmup_phases",
-        "phases_per_fork",
-        "groups_per_match",
-        "stale_share",
-        "constraint_s_per_request_step",
-        "rollout_s_per_phase",
-        "rollout_workers",
-    )
 
     def __post_init__(self) -> None:
         problems = []
-        for name in self.SOURCED:
+        for name in sourced_fields(Workload):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 problems.append(f"{name} must be a number >= 0, got {value}")
-            if not str(self.sources.get(name, "")).strip():
-                problems.append(f"{name} has no source (sources.{name}: where the number comes from)")
+        problems += unsourced(self)
         for name in ("prompt_tokens", "completion_tokens", "group_size", "llm_seats", "rollout_workers"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be positive")
@@ -769,9 +758,9 @@ def render(plan: Plan) -> list[str]:
         f"{s.hidden}) cluster={c.name}: {c.nodes} node(s) x {c.gpus_per_node} {c.gpu_name} ({c.gpu_memory_gib} GiB), "
         f"{c.interconnect}",
     ]
-    for name in ClusterConfig.SOURCED:
+    for name in sourced_fields(ClusterConfig):
         lines.append(f"#   cluster.{name}={getattr(c, name):g}  ({c.sources[name]})")
-    for name in Workload.SOURCED:
+    for name in sourced_fields(Workload):
         lines.append(f"#   workload.{name}={getattr(w, name):g}  ({w.sources[name]})")
     lines.append(
         f"# step: {learner.groups_per_step} groups x {w.records_per_group:g} records x {w.tokens_per_record:g} tokens "

@@ -20,7 +20,7 @@ import pytest
 from diprl import plan
 from diprl.inference.config import ServerConfig
 from diprl.learn.config import LearnerConfig
-from diprl.plan import ClusterConfig, ModelShape, Workload
+from diprl.plan import ClusterConfig, ModelShape, Workload, sourced_fields
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ModelShape(hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, head_dim=4, vocab=10, tied_embeddings=True)
@@ -43,7 +43,7 @@ def cluster(**overrides: object) -> ClusterConfig:
         runtime_reserve_gib=0.0,
     )
     values.update(overrides)
-    values["sources"] = {name: "hand-made" for name in ClusterConfig.SOURCED}
+    values["sources"] = {name: "hand-made" for name in sourced_fields(ClusterConfig)}
     return ClusterConfig(**values)  # type: ignore[arg-type]
 
 
@@ -64,7 +64,7 @@ def workload(**overrides: object) -> Workload:
         rollout_workers=2,
     )
     values.update(overrides)
-    values["sources"] = {name: "hand-made" for name in Workload.SOURCED}
+    values["sources"] = {name: "hand-made" for name in sourced_fields(Workload)}
     return Workload(**values)  # type: ignore[arg-type]
 
 
