@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ from diprl.inference.adapters import (
     parse_policy_ref,
 )
 from diprl.inference.adapters import store as store_module
+from diprl.inference.adapters.manifest import version_from_manifest
 from diprl.policy.models import QWEN3_LINEAR_MODULES
 
 from .lora_fixtures import load_tiny_base, make_lora_dir, make_lora_model, tiny_base_path
@@ -453,6 +455,53 @@ def test_a_version_changed_after_publishing_is_refused_even_with_its_manifest_re
     (tmp_path / ".pins" / "q@v1").write_text("not a fingerprint")
     with pytest.raises(CorruptAdapter, match=r"q@v1: its pin .* is not a fingerprint"):
         store.resolve("q@v1")
+
+
+def test_a_version_rewritten_with_its_manifest_and_its_pin_is_refused(
+    tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review (M2): whoever can rewrite a version's files and manifest can rewrite its pin file too
+    (all three live in the store). The pin is a MAC under a key kept outside the store, so a pin recomputed
+    from the new files, or one made with another key, does not verify."""
+    monkeypatch.setenv("DIPRL_CACHE_DIR", str(tmp_path / "cache"))  # where the store's pin key lives
+    root = tmp_path / "store"
+    store = AdapterStore(root)
+    store.publish("p", loras["a"])
+    other = (loras["b"] / WEIGHTS_FILE).read_bytes()
+    version_dir = root / "p" / "v1"
+    rewrite_with_manifest_to_match(version_dir, WEIGHTS_FILE, other)
+    forged = version_from_manifest((version_dir / MANIFEST_FILE).read_bytes(), version_dir, "p@v1").fingerprint
+    pin = root / ".pins" / "p@v1"
+    writable(pin).write_text(forged + "\n")  # what a writer of the store computes from the new files
+    with pytest.raises(CorruptAdapter, match="p@v1"):
+        store.resolve("p@v1")
+    other_key = hmac.new(b"not the store's key", f"p@v1\n{forged}".encode(), hashlib.sha256).hexdigest()
+    pin.write_text(f"hmac-sha256:{other_key}\n")
+    with pytest.raises(CorruptAdapter, match="p@v1: its files do not match the fingerprint pinned"):
+        store.resolve("p@v1")
+    assert not any(p.name.endswith(".key") for p in root.rglob("*"))  # the key is not in the store
+
+
+def test_a_store_made_before_keyed_pins_keeps_serving_and_a_keyed_one_needs_the_key(
+    tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs that were pinned with plain fingerprints (before M2's fix) still resume; a keyed store read where
+    the key is missing is refused with where the key should be."""
+    monkeypatch.setenv("DIPRL_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "store"
+    store = AdapterStore(root)
+    version = store.resolve(store.publish("p", loras["a"]).name)
+    monkeypatch.setenv("DIPRL_CACHE_DIR", str(tmp_path / "another-machine"))
+    with pytest.raises(CorruptAdapter, match="no pin key"):
+        store.resolve("p@v1")
+    old = tmp_path / "old-store"  # the layout an older publisher left: a plain fingerprint as the pin
+    shutil.copytree(root, old)
+    (old / ".pins" / "p@v1").write_text(version.fingerprint + "\n")
+    old_store = AdapterStore(old)
+    assert old_store.resolve("p@v1").fingerprint == version.fingerprint
+    assert old_store.resolve(old_store.publish("p", loras["b"]).name).name == "p@v2"
+    assert (old / ".pins" / "p@v2").read_text().strip() != ""  # published as the old store's pins are: plain
+    assert not (old / ".pins" / "p@v2").read_text().startswith("hmac-sha256:")
 
 
 def test_a_publish_that_crashed_after_pinning_leaves_a_pin_the_next_publish_replaces(

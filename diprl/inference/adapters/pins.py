@@ -8,15 +8,28 @@ SHA-256 over every file's name, size and hash), written by the publisher into th
 Reading a version compares its manifest (already checked against the bytes) with the pin: a version
 changed after publishing is refused by name, whatever its manifest now says.
 
-Layout: `root/.pins/<policy>@v<N>` holds the fingerprint as 64 hex digits and a newline. The name
-comes from a validated `AdapterRef`, so a pin path can never leave `.pins/`.
+A writer that can rewrite a version's files and its manifest can rewrite its pin too: all three are
+in the store. So a pin is a keyed MAC, `hmac-sha256:<64 hex digits>` over the version's name and
+fingerprint, under a key kept outside every store: `$DIPRL_PIN_KEY_FILE`, else `<diprl cache>/pin.key`
+(mode 0600, made by the first publish that needs it). Without the key a forged pin cannot be made. The
+stores this machine keyed are recorded beside the key (`<cache>/keyed-stores/<hash of the path>`), and a
+plain fingerprint in one of them is refused. A store made before keyed pins (plain pins, not recorded)
+keeps plain pins: keying it would refuse every version it holds. Nodes that read one store on a shared
+filesystem need the same key: point `DIPRL_PIN_KEY_FILE` at a copy on each (a replica that finds a MAC
+and no key refuses it).
+
+Layout: `root/.pins/<policy>@v<N>` holds the pin and a newline. The name comes from a validated
+`AdapterRef`, so a pin path can never leave `.pins/`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import re
+import secrets
 import uuid
 from pathlib import Path
 
@@ -26,8 +39,88 @@ from diprl.inference.adapters.manifest import AdapterVersion
 from diprl.inference.adapters.names import AdapterRef, CorruptAdapter
 
 PINS_DIR = ".pins"
-_FINGERPRINT_RE = re.compile(r"[0-9a-f]{64}\n?", re.ASCII)
+KEY_ENV = "DIPRL_PIN_KEY_FILE"
+MAC_PREFIX = "hmac-sha256:"
+_FINGERPRINT_RE = re.compile(r"(hmac-sha256:)?[0-9a-f]{64}\n?", re.ASCII)
+_KEY_RE = re.compile(rb"[0-9a-f]{64}\n?", re.ASCII)
 _MAX_PIN_BYTES = 128
+
+
+def _key_home() -> Path:
+    from diprl.cache import cache_root
+
+    return cache_root()
+
+
+def key_path() -> Path:
+    """Where the pin key lives: `$DIPRL_PIN_KEY_FILE`, else the diprl cache (outside every store)."""
+    named = os.environ.get(KEY_ENV)
+    return Path(named).expanduser() if named else _key_home() / "pin.key"
+
+
+def _marker(root: Path) -> Path:
+    digest = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:32]
+    return _key_home() / "keyed-stores" / digest
+
+
+def _read_key(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise CorruptAdapter(f"cannot read the pin key {path} ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(129)
+    if not _KEY_RE.fullmatch(raw):
+        raise CorruptAdapter(f"the pin key {path} is not a key (64 hex digits)")
+    return raw.strip()
+
+
+def _legacy(root: Path) -> bool:
+    """A store made before keyed pins: not recorded as keyed, and holding a plain pin."""
+    if _marker(root).exists():
+        return False
+    try:
+        entries = [e for e in os.scandir(root / PINS_DIR) if not e.name.startswith(_fs.TMP_PREFIX)]
+    except OSError:
+        return False
+    for entry in entries:
+        with contextlib.suppress(OSError), open(entry.path, "rb") as fh:
+            if not fh.read(len(MAC_PREFIX)).startswith(MAC_PREFIX.encode()):
+                return True
+    return False
+
+
+def _new_key(path: Path) -> bytes | None:
+    _fs.make_dirs(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:  # another publisher made it meanwhile
+        return _read_key(path)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secrets.token_hex(32).encode() + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    fsync_dir(path.parent)
+    return _read_key(path)
+
+
+def publishing_key(root: Path) -> bytes | None:
+    """The key a publisher into `root` signs pins with (made if needed, and the store recorded as keyed);
+    None for a store made before keyed pins."""
+    if _legacy(root):
+        return None
+    key = _read_key(key_path()) or _new_key(key_path())
+    marker = _marker(root)
+    if not marker.exists():
+        _fs.make_dirs(marker.parent)
+        _fs.write_bytes(marker, f"{Path(root).resolve()}\n".encode())
+    return key
+
+
+def _mac(key: bytes, ref: AdapterRef, fingerprint: str) -> str:
+    return MAC_PREFIX + hmac.new(key, f"{ref.name}\n{fingerprint}".encode(), hashlib.sha256).hexdigest()
 
 
 def pin_path(root: Path, ref: AdapterRef) -> Path:
@@ -40,8 +133,10 @@ def write_pin(root: Path, ref: AdapterRef, fingerprint: str) -> None:
     Only a publisher calls this, for a number no complete version holds yet (it holds the store's
     publish lock), so replacing an existing pin only ever replaces one a crashed publish left.
     """
-    if not _FINGERPRINT_RE.fullmatch(fingerprint):
+    if not _FINGERPRINT_RE.fullmatch(fingerprint) or fingerprint.startswith(MAC_PREFIX):
         raise ValueError(f"not a fingerprint: {fingerprint!r}")
+    key = publishing_key(root)
+    pin = _mac(key, ref, fingerprint) if key is not None else fingerprint
     pins = root / PINS_DIR
     if pins.is_symlink():
         raise CorruptAdapter(f"{pins} is a symlink: the store refuses to write pins through it")
@@ -49,7 +144,7 @@ def write_pin(root: Path, ref: AdapterRef, fingerprint: str) -> None:
     target = pin_path(root, ref)
     tmp = pins / f"{_fs.TMP_PREFIX}{ref.name}-{uuid.uuid4().hex}"
     try:
-        _fs.write_bytes(tmp, f"{fingerprint}\n".encode())
+        _fs.write_bytes(tmp, f"{pin}\n".encode())
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -58,7 +153,8 @@ def write_pin(root: Path, ref: AdapterRef, fingerprint: str) -> None:
 
 
 def read_pin(root: Path, ref: AdapterRef) -> str | None:
-    """The pinned fingerprint of `ref`, or None when there is no pin; `CorruptAdapter` when it is unreadable."""
+    """The pin of `ref` (a MAC, or a plain fingerprint in a store made before keyed pins), or None when there
+    is none; `CorruptAdapter` when it is unreadable."""
     path = pin_path(root, ref)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -85,7 +181,22 @@ def check_pin(root: Path, version: AdapterVersion) -> None:
             f"{version.name}: no pin in {root / PINS_DIR} (every version is pinned when it is published; "
             "one without a pin was not published by this store, or its pin was removed): publish it again"
         )
-    if pinned != version.fingerprint:
+    if pinned.startswith(MAC_PREFIX):
+        key = _read_key(key_path())
+        if key is None:
+            raise CorruptAdapter(
+                f"{version.name}: its pin is keyed and this machine has no pin key ({key_path()}; nodes that "
+                f"share one store need the same key: set {KEY_ENV})"
+            )
+        expected = _mac(key, version.ref, version.fingerprint)
+    elif _marker(root).exists():
+        raise CorruptAdapter(
+            f"{version.name}: its pin ({pin_path(root, version.ref)}) is a plain fingerprint in a store whose pins "
+            "are keyed: it was not written by this store's publisher"
+        )
+    else:
+        expected = version.fingerprint
+    if not hmac.compare_digest(pinned, expected):
         raise CorruptAdapter(
             f"{version.name}: its files do not match the fingerprint pinned when it was published "
             f"({pin_path(root, version.ref)}); the version was changed afterwards, manifest included"
