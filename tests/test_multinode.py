@@ -97,8 +97,8 @@ def test_actor_factories_pass_the_placement_and_a_learner_takes_whole_gpus(monke
     Ray never gives a replica part of it (the plan counts learner and replica GPUs apart the same way)."""
     import ray
 
+    from diprl.learn.actor import learner_actor
     from diprl.learn.config import LearnerConfig
-    from diprl.learn.learner import learner_actor
     from diprl.rollout.worker import WorkerConfig, worker_actor
 
     seen: list[dict[str, Any]] = []

@@ -265,8 +265,8 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
 
     from diprl.bench.constraint import mid_game_states
     from diprl.inference.adapters import AdapterStore
+    from diprl.learn.actor import learner_actor
     from diprl.learn.config import LearnerConfig
-    from diprl.learn.learner import learner_actor
     from diprl.learn.model import build_peft_model, read_adapter_dir
     from diprl.policy.models import load_preset, resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer

@@ -79,7 +79,7 @@ class LearnerRank:
     def start(
         self, config: LearnerConfig, run_dir: str, adapter_root: str, registry: str | None, spec: RankSpec
     ) -> int:
-        from diprl.learn.learner import Learner
+        from diprl.learn.learner import Learner  # here, not at the top: the group's own actor holds no model
 
         self.learner = Learner(config, run_dir, adapter_root, registry, None, spec)
         return int(self.learner.step)

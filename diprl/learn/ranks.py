@@ -14,9 +14,11 @@ one-rank learner behaves exactly as before groups existed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,32 @@ class Collective:
         t = torch.tensor([value], dtype=torch.long, device=self._device())
         torch.distributed.broadcast(t, src=0)
         return int(t.item())
+
+    def rank0_writes(
+        self,
+        write: Callable[[], T],
+        outcome: Callable[[T], int],
+        what: str,
+        errors: tuple[type[Exception], ...] = (OSError,),
+    ) -> tuple[T | None, int]:
+        """Rank 0 runs `write`; every rank learns its `outcome` (a number >= 0), or fails alike.
+
+        Returns rank 0's result (None on the other ranks) and the outcome on every rank. When the write
+        raises one of `errors`, rank 0 raises it and the other ranks an `OSError` saying that rank 0 could
+        not `what`; alone, the error is raised as it is. Every rank must call this at the same point.
+        """
+        result, error = None, None
+        if self.writer:
+            try:
+                result = write()
+            except errors as err:
+                if not self.grouped:
+                    raise
+                error = err
+        number = self.broadcast_int(outcome(result) if result is not None else -1)
+        if number < 0:
+            raise error or OSError(f"rank 0 could not {what}")
+        return result, number
 
     def max_int(self, value: int) -> int:
         if not self.grouped:

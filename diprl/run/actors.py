@@ -49,7 +49,7 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
 
     from diprl.eval.evaluator import EvaluatorConfig, start_evaluator
     from diprl.league.manager import league_actor
-    from diprl.learn.learner import learner_actor
+    from diprl.learn.actor import learner_actor
     from diprl.rollout.worker import GroupLedger, WorkerConfig, worker_actor
 
     where = config.placement

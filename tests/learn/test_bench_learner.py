@@ -25,7 +25,7 @@ def test_the_bare_loop_trains_an_adapter_of_its_own_on_the_learners_base(tmp_pat
     group = on_policy(learner, make_group(learner.table, tokenizer, learner.latest_version(), [1.0, -1.0], seed=3))
     names = sorted(lora_parameters(learner.peft))
     before = lora_state(learner.peft)
-    batches = [mb for _, mb in learner._batches(learner._prepare(group.records, rl=True))]
+    batches = [mb for _, mb in learner.passes.batches(learner._prepare(group.records, rl=True))]
     seen: dict[str, int] = {}
 
     def count(module: Any, args: Any, kwargs: Any, output: Any) -> None:

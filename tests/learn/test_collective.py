@@ -1,4 +1,5 @@
-"""The learner group's own messages cross process boundaries as JSON + safetensors bytes, never as pickles.
+"""The learner group's own messages cross process boundaries as JSON + safetensors bytes, never as pickles;
+rank 0 writes and the other ranks learn the outcome, or fail alike.
 
 Two real gloo ranks in subprocesses; torch's unpickler is replaced by one that fails, so a collective that
 fell back to `gather_object`/`all_gather_object` would go red here.
@@ -41,6 +42,15 @@ if rank == 0:
 else:
     assert gathered is None
 assert everyone == [{"tokens": 10, "name": "r0"}, {"tokens": 20, "name": "r1"}]
+written, number = dist.rank0_writes(lambda: "main@v7", lambda name: int(name.split("@v")[1]), "publish")
+assert number == 7 and written == ("main@v7" if rank == 0 else None)
+def full_disk():
+    raise OSError(28, "No space left on device")
+try:
+    dist.rank0_writes(full_disk, lambda _: 1, "write checkpoint step-3")
+    raise AssertionError("a failed write on rank 0 went unnoticed on rank %d" % rank)
+except OSError as err:
+    assert ("No space left" if rank == 0 else "rank 0 could not write checkpoint step-3") in str(err), err
 open(out, "w").write(json.dumps({"rank": rank, "ok": True}))
 torch.distributed.destroy_process_group()
 """
@@ -65,6 +75,19 @@ def test_two_ranks_gather_their_state_without_unpickling_anything(tmp_path: Path
     for p, (_, err) in zip(procs, results, strict=True):
         assert p.returncode == 0, err[-3000:]
     assert [json.loads(o.read_text())["ok"] for o in outs] == [True, True]
+
+
+def test_a_lone_rank_writes_and_its_errors_raise_as_they_are() -> None:
+    from diprl.learn.ranks import Collective
+
+    alone = Collective(None)
+    assert alone.rank0_writes(lambda: "main@v3", lambda name: int(name[-1]), "publish") == ("main@v3", 3)
+
+    def full_disk() -> str:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        alone.rank0_writes(full_disk, lambda _: 1, "publish")
 
 
 def test_state_bytes_round_trip_and_refuse_damage() -> None:

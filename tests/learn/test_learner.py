@@ -148,7 +148,7 @@ def test_stale_and_foreign_groups_are_dropped_and_counted_lagged_ones_use_their_
 
     # lag 2 (allowed): the ratio is taken against v4's weights, the TIS weight against the engine
     lagged = make_group(shared.table, tokenizer, "main@v4", [1.0, -1.0], seed=5)
-    with shared._weights(shared._weights_of("main@v4") or {}):
+    with shared.model.weights(shared._weights_of("main@v4") or {}):
         old = shared.score(lagged.records)
     lagged.records = [replace(r, behaviour_logprobs=s) for r, s in zip(lagged.records, old, strict=True)]
     metrics = shared.train_step([lagged])

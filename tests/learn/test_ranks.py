@@ -109,7 +109,7 @@ def group(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     import ray
     from ray.util.queue import Queue
 
-    from diprl.learn.learner import learner_actor
+    from diprl.learn.actor import learner_actor
     from diprl.raysession import ray_session
 
     root = tmp_path_factory.mktemp(f"two-ranks-zero{request.param}")
@@ -235,7 +235,7 @@ def test_a_reset_rebuilds_every_rank_and_the_group_trains_on(
 def test_a_group_the_cluster_cannot_hold_is_refused_naming_what_it_lacks(group: tuple[Any, Any, Path]) -> None:
     import ray
 
-    from diprl.learn.learner import learner_actor
+    from diprl.learn.actor import learner_actor
 
     _, _, root = group
     config = replace(CONFIG, ranks=2, policy="wide")

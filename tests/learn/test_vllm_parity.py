@@ -87,7 +87,7 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(
         for q, r in zip(requests, results, strict=True)
     ]
     ours = learner.score(records[:3])
-    with learner._weights(zero_lora_b_state(learner.peft)):
+    with learner.model.weights(zero_lora_b_state(learner.peft)):
         base = learner.score(records)
     worst = 0.0
     for mine, r in zip(ours + base[3:], results, strict=True):

@@ -1,0 +1,59 @@
+"""The learner as a Ray actor: `learner_actor` makes `learner-<policy>`, one process or a group of ranks.
+
+The algorithm lives in `diprl.learn.learner.Learner` (a plain class, tested without Ray); this module
+only says how Ray runs it: named, restarted forever, tasks retried, on a GPU or a CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from diprl.learn.config import LearnerConfig
+from diprl.learn.learner import Learner
+
+
+def learner_actor(
+    config: LearnerConfig,
+    run_dir: str | Path,
+    adapter_root: str | Path,
+    registry: str | None = None,
+    name: str | None = None,
+    namespace: str | None = None,
+    queue: str | None = None,
+    resources: dict[str, float] | None = None,
+) -> Any:
+    """The Ray actor form: named `learner-<policy>` (get-if-exists), restarted forever, tasks retried.
+
+    A restarted actor runs `__init__` again and so resumes from its newest good checkpoint; a retried
+    `train_next` then trains the batch it was training again (kept on disk, see `diprl.learn.intake`),
+    so a killed learner loses none. `queue` names the policy's queue actor it pulls its batches from. It asks for one
+    GPU when `config.use_gpu`, else one CPU with DeepSpeed on its CPU accelerator. The GPU is a whole one:
+    Ray never hands a fraction of it to a PolicyServer replica (`python -m diprl.plan` counts the same way).
+    `resources` (custom resources, `placement.learner`) keep it on the nodes that declare them, restarts too.
+    With `config.ranks` > 1 it is a `diprl.learn.group.LearnerGroup` of that many ranks with the same API.
+    """
+    import ray
+
+    if config.ranks > 1:
+        from diprl.learn.group import group_actor
+
+        return group_actor(
+            config, run_dir, adapter_root, registry, name or f"learner-{config.policy}", namespace, queue, resources
+        )
+    env = {"DS_BUILD_OPS": "0"} if config.use_gpu else {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+    options: dict[str, Any] = {
+        "name": name or f"learner-{config.policy}",
+        "get_if_exists": True,
+        "max_restarts": -1,
+        "max_task_retries": -1,
+        "num_cpus": 1,
+        "num_gpus": 1 if config.use_gpu else 0,
+        "runtime_env": {"env_vars": env},
+    }
+    if namespace is not None:
+        options["namespace"] = namespace
+    if resources:
+        options["resources"] = dict(resources)
+    remote_cls: Any = ray.remote(Learner)
+    return remote_cls.options(**options).remote(config, str(run_dir), str(adapter_root), registry, queue)
