@@ -25,7 +25,7 @@ from diprl.learn.config import LearnerConfig
 from diprl.learn.partitions import whole
 from diprl.learn.prefix import PrefixLayout
 from diprl.learn.prefix_attention import IMPLEMENTATION, use_prefix_attention
-from diprl.learn.ranks import RankSpec
+from diprl.learn.ranks import RankSpec, rendezvous_store
 from diprl.policy.logprobs import allowed_mask
 from diprl.policy.models import ModelPreset, resolve_model_path
 from diprl.ports import free_port
@@ -314,9 +314,9 @@ def init_distributed(use_gpu: bool, rank: RankSpec | None = None) -> None:
     options = process_group_options(use_gpu, int(os.environ["LOCAL_RANK"]))
     if use_gpu:
         torch.cuda.set_device(options["device_id"])
-    torch.distributed.init_process_group(
-        init_method=rank.init_method, rank=rank.rank, world_size=rank.world_size, **options
-    )
+    store = rendezvous_store(rank)  # bound where the init method says, not on every interface
+    where = {"store": store} if store is not None else {"init_method": rank.init_method}
+    torch.distributed.init_process_group(rank=rank.rank, world_size=rank.world_size, **where, **options)
     _forget_destroyed_groups()
     deepspeed.init_distributed(
         dist_backend=options["backend"],

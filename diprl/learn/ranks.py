@@ -201,3 +201,31 @@ class Collective:
         from diprl.learn.state_files import state_from_bytes
 
         return state_from_bytes(tensor[:size].cpu().numpy().tobytes(), where=f"learner rank {rank}'s message")
+
+
+def rendezvous_store(spec: RankSpec) -> Any | None:
+    """The group's TCP store for a `tcp://host:port` init method (None for any other kind).
+
+    torch's own `tcp://` rendezvous has rank 0's store listen on every interface whatever host it names, so
+    a group meeting at `tcp://127.0.0.1:P` could be joined, and its store written, from the network. Rank 0
+    binds the socket itself, on the named host only, and hands it to the store; the others connect to it.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    import torch.distributed as dist
+
+    address = urlsplit(spec.init_method)
+    if address.scheme != "tcp" or address.hostname is None or address.port is None:
+        return None
+    timeout = dist.constants.default_pg_timeout
+    if spec.rank != 0:
+        return dist.TCPStore(address.hostname, address.port, spec.world_size, False, timeout)
+    family = socket.getaddrinfo(address.hostname, address.port, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((address.hostname, address.port))
+    listener.listen()
+    return dist.TCPStore(
+        address.hostname, address.port, spec.world_size, True, timeout, master_listen_fd=listener.detach()
+    )
