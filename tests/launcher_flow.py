@@ -86,6 +86,10 @@ def sh(command: list[str], log: Path, env: dict[str, str], timeout: float) -> in
             return 124
 
 
+def operator_token(work: Path) -> Path:
+    return work / "driver-home" / ".config" / "diprl" / "ray_auth_token"
+
+
 def node_tmp(work: Path, node: str) -> Path:
     """Each node's own Ray temp dir (sessions, sockets, logs): what its scoped `ray stop` matches."""
     return work / ("ray-head" if node == HEAD else "ray-worker")
@@ -145,10 +149,12 @@ exec {venv_bin / "ray"} "$@"
     # Ray's command runner sources ~/.bashrc before every command on a node.
     write(
         home / ".bashrc",
-        f"export PATH={bin_dir}:{venv_bin}:$PATH RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={work / 'auth_token'}\n"
+        f"export PATH={bin_dir}:{venv_bin}:$PATH\n"
         "export RAY_USAGE_STATS_ENABLED=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1\n",
     )
-    write(work / "auth_token", secrets.token_hex(32), 0o600)
+    # The operator's token where the shipped config's file_mounts take it from (the launcher's HOME is
+    # driver-home); nothing on the nodes says RAY_AUTH_MODE but the shipped start commands.
+    write(operator_token(work), secrets.token_hex(32), 0o600)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
     log = (work / "sshd.log").open("ab")
     return subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(work / "sshd_config")], stderr=log)
@@ -164,7 +170,13 @@ def cluster_copy(shipped: Path, work: Path, repo: Path) -> Path:
     config.pop("docker", None)
     config["initialization_commands"] = []
     config["setup_commands"] = ["python -c 'import ray, diprl'"]
-    config["file_mounts"] = {str(work / "home" / "diprl"): str(repo / "cluster")}  # as /opt/diprl -> . is
+    # As /opt/diprl -> . is; the token as shipped, from the operator's file to a path on each node.
+    [token_mount] = [n for n, local in config["file_mounts"].items() if local.endswith("ray_auth_token")]
+    node_token = work / "node-auth" / "ray_auth_token"
+    config["file_mounts"] = {
+        str(work / "home" / "diprl"): str(repo / "cluster"),
+        str(node_token): config["file_mounts"][token_mount],
+    }
     # The shipped head start commands, with this test's addresses, ports, files and a temp dir per node.
     synced = work / "home" / "diprl"  # this node's copy of cluster/ (the file mount above)
     substitutions = {
@@ -179,6 +191,7 @@ def cluster_copy(shipped: Path, work: Path, repo: Path) -> Path:
         "/tmp/prometheus.log": str(work / "prometheus.log"),
         "/tmp/prometheus": str(work / "prometheus-data"),
         "127.0.0.1:9090": f"{HEAD}:{PROMETHEUS_PORT}",
+        token_mount: str(node_token),
     }
     head = "\n".join(shipped_head)
     for shipped_text, ours in substitutions.items():
@@ -191,13 +204,20 @@ def cluster_copy(shipped: Path, work: Path, repo: Path) -> Path:
         str(node_tmp(work, HEAD) / "prom_metrics_service_discovery.json")
     ]
     (work / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config))
-    config["worker_start_ray_commands"] = [
-        "ray stop",
-        # Ray's cluster switch at 0 (loopback only) makes a worker's `ray start --address` abort.
-        f"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 {SLOW_MACHINE} ray start --address=$RAY_HEAD_IP:{GCS_PORT} "
-        f"--node-ip-address={WORKER} {WORKER_PORTS} --temp-dir={node_tmp(work, WORKER)} --num-cpus=2 "
-        "--disable-usage-stats",
-    ]
+    # The shipped worker start commands, with this test's token path, address, ports and temp dir. Ray's
+    # cluster switch at 0 (loopback only) makes a worker's `ray start --address` abort.
+    worker_substitutions = {
+        "ray start --address=$RAY_HEAD_IP:6379": (
+            f"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 {SLOW_MACHINE} ray start --address=$RAY_HEAD_IP:{GCS_PORT} "
+            f"--node-ip-address={WORKER} {WORKER_PORTS} --temp-dir={node_tmp(work, WORKER)} --num-cpus=2"
+        ),
+        token_mount: str(node_token),
+    }
+    worker = "\n".join(config["worker_start_ray_commands"])
+    for shipped_text, ours in worker_substitutions.items():
+        assert shipped_text in worker, f"the shipped worker start commands no longer say {shipped_text!r}"
+        worker = worker.replace(shipped_text, ours)
+    config["worker_start_ray_commands"] = worker.split("\n")
     path = work / "cluster.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -260,7 +280,7 @@ def main(work: Path, shipped: Path) -> int:
         HOME=str(work / "driver-home"),
         TMPDIR=str(launcher),
         RAY_TMPDIR=str(launcher),
-        RAY_AUTH_TOKEN_PATH=str(work / "auth_token"),
+        RAY_AUTH_TOKEN_PATH=str(operator_token(work)),
         RAY_AUTH_MODE="token",  # a client sends the token only when told the cluster wants one
         RAY_UP_enable_autoscaler_v2="0",  # v2 counts the head toward min_workers and never starts the worker
     )
@@ -283,6 +303,11 @@ def main(work: Path, shipped: Path) -> int:
         while time.monotonic() < deadline and alive_nodes(env) != [HEAD, WORKER]:
             time.sleep(2)
         result["nodes"] = alive_nodes(env)
+        # The shipped start commands turned token auth on: a client without the token lists nothing.
+        tokenless = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
+        result["tokenless_nodes"] = alive_nodes(dict(tokenless, HOME=str(work / "stranger-home")))
+        node_token = work / "node-auth" / "ray_auth_token"
+        result["node_token_mode"] = oct(node_token.stat().st_mode & 0o777) if node_token.is_file() else None
         result["nodes_s"] = round(time.monotonic() - started, 1)
         if result["nodes"] != [HEAD, WORKER]:
             return 1

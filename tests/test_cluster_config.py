@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
@@ -25,7 +28,8 @@ def test_the_self_hosted_cluster_uses_rays_local_provider_over_ssh() -> None:
     assert config["provider"]["type"] == "local"
     assert config["provider"]["head_ip"] and config["provider"]["worker_ips"]
     assert config["auth"]["ssh_user"] and config["auth"]["ssh_private_key"]
-    assert config["file_mounts"] == {"/opt/diprl": "."}  # where the image installed diprl, editable
+    assert config["file_mounts"]["/opt/diprl"] == "."  # where the image installed diprl, editable
+    assert set(config["file_mounts"]) == {"/opt/diprl", "/opt/diprl-auth/ray_auth_token"}  # and the Ray token
 
 
 def test_every_node_runs_the_image_built_from_docker_with_its_gpus() -> None:
@@ -98,3 +102,49 @@ def test_gpu_image_pins_the_v1_model_runner() -> None:
 def test_gpu_image_runs_the_training_entry() -> None:
     text = (ROOT / "docker" / "Dockerfile").read_text()
     assert '"diprl.train"' in text and '"diprl.arena"' not in text
+
+
+def _synced_paths(config: dict[str, Any], source: Path, dest: Path) -> list[str]:
+    """What `ray up` would copy of `source`: rsync's own list, with the launcher's exclude and filter arguments."""
+    from ray.autoscaler._private.command_runner import SSHCommandRunner
+
+    options = {"rsync_exclude": config.get("rsync_exclude"), "rsync_filter": config.get("rsync_filter")}
+    arguments = SSHCommandRunner._create_rsync_filter_args(None, options)  # type: ignore[arg-type]
+    listed = subprocess.run(
+        ["rsync", "-an", "--out-format=%n", *arguments, f"{source}/", f"{dest}/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout.splitlines()
+
+
+@pytest.mark.parametrize("name", ["a100.yaml", "aws-a100.yaml"])
+def test_ray_up_syncs_none_of_the_venv_the_cache_or_the_runs(name: str, tmp_path: Path) -> None:
+    """`.cache` holds the local Ray's token, `.venv` gigabytes of this machine's packages, `runs/` results."""
+    if shutil.which("rsync") is None:
+        pytest.skip("rsync is not installed")
+    config = load(name)
+    checkout = tmp_path / "checkout"
+    for path in (".venv/bin/python", ".cache/ray/auth_token", "runs/pfsp-1/metrics.jsonl", "diprl/train.py"):
+        (checkout / path).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / path).write_text("x")
+    (checkout / ".gitignore").write_text((ROOT / ".gitignore").read_text())
+    synced = _synced_paths(config, checkout, tmp_path / "node")
+    assert "diprl/train.py" in synced
+    assert not [p for p in synced if p.split("/")[0] in (".venv", ".cache", "runs")], synced
+    # The same on this checkout as it is, whatever it holds.
+    synced = _synced_paths(config, ROOT, tmp_path / "node")
+    assert "diprl/train.py" in synced and "cluster/a100.yaml" in synced
+    assert not [p for p in synced if p.split("/")[0] in (".venv", ".cache", "runs")]
+
+
+def test_the_launcher_gets_a_cluster_only_ssh_key_and_the_docs_say_how_to_make_it() -> None:
+    """The launcher copies `ssh_private_key` to the head: never the key that opens everything else of yours."""
+    key = load("a100.yaml")["auth"]["ssh_private_key"]
+    assert Path(key).name not in {"id_rsa", "id_ed25519", "id_ecdsa", "id_dsa"}, key
+    make = f"ssh-keygen -t ed25519 -f {key}"
+    for text in ((ROOT / "cluster" / "a100.yaml").read_text(), (ROOT / "docs" / "cluster.md").read_text()):
+        assert make in text
+    docs = (ROOT / "docs" / "cluster.md").read_text()
+    assert "authorized_keys" in docs and "ssh-copy-id" in docs

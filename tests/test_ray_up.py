@@ -70,6 +70,8 @@ def test_ray_up_runs_the_smoke_experiment_as_a_job_on_a_head_and_a_worker() -> N
         assert flow.returncode == 0, context
         assert result["up"] == 0, context
         assert result["nodes"] == ["127.0.0.2", "127.0.0.3"], context
+        # Both joined with the shipped start commands' token auth: a client without the token sees nothing.
+        assert result["tokenless_nodes"] == [] and result["node_token_mode"] == "0o600", context
         # Ray provisions Grafana with the folder the shipped start command filled with diprl's dashboard.
         assert f"path: {work / 'grafana-dashboards'}" in result["grafana_provisioning"], context
         assert {"diprl.json", "default_grafana_dashboard.json"} <= set(result["grafana_dashboards"]), context
