@@ -138,14 +138,6 @@ class PolicyRef:
 BASE_REF = PolicyRef(RefKind.BASE)
 
 
-def policy_of(text: str) -> str:
-    """The trained policy of a PolicyRef string ("main@v3" -> "main"); "" for base, bots and malformed refs."""
-    try:
-        return PolicyRef.parse(text).policy
-    except UnknownPolicyRef:
-        return ""
-
-
 def validate_policy_name(policy: object) -> str:
     """`policy` if it can name adapter versions (`<policy>@v1` parses), else `UnknownPolicyRef`."""
     if not isinstance(policy, str) or "@" in policy or policy == BASE:
@@ -312,7 +304,11 @@ class TrajectoryGroup:
 
     @property
     def policy(self) -> str:
-        return policy_of(self.policy_version)
+        """The trained policy whose queue takes this group; "" for a version that names none (unroutable)."""
+        try:
+            return PolicyRef.parse(self.policy_version).policy
+        except UnknownPolicyRef:
+            return ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

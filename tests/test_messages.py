@@ -13,8 +13,8 @@ from diprl.messages import (
     Match,
     PolicyRef,
     RefKind,
+    TrajectoryGroup,
     UnknownPolicyRef,
-    policy_of,
     validate_policy_name,
 )
 
@@ -65,8 +65,8 @@ def test_predicates_and_policy() -> None:
     assert PolicyRef.parse("bot:random").is_bot and not PolicyRef.parse("bot:random").is_llm
     assert BASE_REF.is_llm and BASE_REF.policy == ""
     assert PolicyRef.parse("main@v7").policy == "main"
-    assert policy_of("main@v7") == "main" and policy_of("base") == "" and policy_of("bot:random") == ""
-    assert policy_of("not a ref") == ""
+    routed = {v: TrajectoryGroup("g", "m", "FRANCE", "S1901M", v, [], [], 0.0).policy for v in ("main@v7", "base", "x")}
+    assert routed == {"main@v7": "main", "base": "", "x": ""}  # a group is routed by its version's policy
     assert PolicyRef.adapter("main", 3) == PolicyRef.parse("main@v3")
     with pytest.raises(UnknownPolicyRef):
         PolicyRef.adapter("main", True)  # type: ignore[arg-type]
