@@ -97,6 +97,22 @@ def opponent_result(opponent: str, report: dict[str, Any]) -> OpponentResult:
     return OpponentResult(opponent, report["games"], report["hero_mean_sc"], (low, high), report["hero_solo_rate"])
 
 
+def _saved_pins(path: Path) -> list[str]:
+    """The pinned snapshots kept in `path`, read with the run files' limits (size, depth: `diprl.run_yaml`);
+    `ValueError` naming the file when it is not what `Evaluator.pin` writes."""
+    from diprl.run_yaml import RunYamlError, check_run_yaml, read_run_yaml_text
+
+    text = read_run_yaml_text(path)
+    try:
+        check_run_yaml(text, str(path))  # JSON is YAML: one linear pass, no recursion, before json.loads
+        pinned = json.loads(text).get("pinned", [])
+    except (RunYamlError, json.JSONDecodeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not an evaluation pool file ({str(exc)[:200]}); fix or remove it") from None
+    if not isinstance(pinned, list) or not all(isinstance(r, str) for r in pinned):
+        raise ValueError(f"{path}: 'pinned' must be a list of PolicyRefs; fix or remove it")
+    return pinned
+
+
 class Evaluator:
     """Runs the suite for a policy against the frozen pool; a plain class, and the "evaluator" actor."""
 
@@ -106,7 +122,7 @@ class Evaluator:
         self.root.mkdir(parents=True, exist_ok=True)
         self._client = client
         pool_file = self.root / "pool.json"
-        saved = json.loads(pool_file.read_text()).get("pinned", []) if pool_file.is_file() else []
+        saved = _saved_pins(pool_file) if pool_file.is_file() else []
         self._pinned = list(dict.fromkeys(check_policy_ref(r) for r in [*config.pinned, *saved]))
 
     def _get_client(self) -> PolicyClient:

@@ -43,6 +43,24 @@ def test_evaluate_writes_a_report_per_opponent_and_returns_its_gist(tmp_path: Pa
     assert [h["tag"] for h in history] == ["step-10"] and history[0]["policy"] == "main@v3"
 
 
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"pinned": ' + "[" * 100_000 + "]" * 100_000 + "}", "nest"),
+        ('{"pinned": "main@v1"}', "list of PolicyRefs"),
+        ("not json", "not"),
+    ],
+)
+def test_a_forged_or_broken_pool_file_is_a_clear_error(tmp_path: Path, text: str, why: str) -> None:
+    """Found by review: `eval/pool.json` was loaded without limits, so a deeply nested one escaped as a
+    RecursionError from the evaluator's start. It is read with the run files' limits and named when bad."""
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "pool.json").write_text(text)
+    with pytest.raises(ValueError, match=why) as caught:
+        Evaluator(EvaluatorConfig(pool=["bot:random"], plots=False, play=TWO_GAMES), tmp_path)
+    assert "pool.json" in str(caught.value)
+
+
 def test_the_hero_is_not_its_own_opponent_and_pins_survive_a_restart(tmp_path: Path) -> None:
     config = EvaluatorConfig(pool=["bot:random", "bot:hold"], plots=False, play=TWO_GAMES)
     first = Evaluator(config, tmp_path)
