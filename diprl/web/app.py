@@ -64,7 +64,10 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
     if config.token is not None:
         app.add_middleware(BaseHTTPMiddleware, dispatch=token_guard(config.token))
     app.add_middleware(BaseHTTPMiddleware, dispatch=origin_guard(loopback_hosts_only=not config.exposed))
-    app.add_middleware(SecurityHeaders)  # added last: outermost, so every response carries the headers
+    # Outside even Starlette's own error layer (which answers an unhandled exception with a 500 from beyond
+    # every added middleware), so every response, that one included, carries the security headers.
+    build_stack = app.build_middleware_stack
+    app.build_middleware_stack = lambda: SecurityHeaders(build_stack())  # type: ignore[method-assign]
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["json_data"] = _json_data

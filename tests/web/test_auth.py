@@ -162,6 +162,27 @@ def test_every_response_forbids_framing_and_foreign_scripts(run_tree: RunTree) -
         token_web.stop()
 
 
+def test_a_server_error_carries_the_security_headers_too(run_tree: RunTree) -> None:
+    """Found by review: Starlette answers an unhandled exception (500) from outside every middleware the app
+    adds, so that one response went without the framing and script policy."""
+    from starlette.testclient import TestClient
+
+    from diprl.web.app import WebConfig, create_app
+
+    app = create_app(WebConfig(runs_dir=run_tree.runs_dir), FakePolicyClients())
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as http:
+        response = http.get("/boom")
+    assert response.status_code == 500
+    frame_options, csp = _frame_policy(response.headers)
+    assert frame_options == "DENY" and csp.get("frame-ancestors") == "'none'"
+    assert response.headers.get("X-Content-Type-Options") == "nosniff"
+
+
 def test_the_templates_hold_no_inline_script() -> None:
     """The pages' policy allows only scripts from /static: an inline handler or `javascript:` link would be
     blocked by the browser, so none may creep back in (a JSON data block is not a script)."""
