@@ -23,6 +23,7 @@ from diprl.bots import BOT_NAMES
 from diprl.console import add_console_flags, quiet_libraries
 from diprl.eval.config import GamesConfig
 from diprl.eval.report import check_writable
+from diprl.eval.stats import summary_text
 from diprl.eval.suite import SuiteConfig, bot_suite, run_suites
 from diprl.game import DEFAULT_MAX_YEAR
 from diprl.messages import PolicyRef
@@ -31,8 +32,7 @@ OPPONENTS = ("dumbbot", "random")
 
 
 def _rate(cell: dict[str, Any]) -> str:
-    low, high = cell["ci95"]
-    return f"{100 * cell['rate']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
+    return summary_text(cell, digits=1, scale=100, unit="%")
 
 
 def ladder_suites(games: int, max_year: int, workers: int, seed: int) -> list[SuiteConfig]:
@@ -56,7 +56,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         hero, opponents = PolicyRef.parse(r["policy"]).name, PolicyRef.parse(r["opponents"][0]).name
         lines.append(
             f"| {hero} | {opponents} | {_rate(c['solo'])} | {_rate(c['top'])} | {_rate(c['survived'])} "
-            f"| {_rate(c['eliminated'])} | {centres['mean']:.2f} [{centres['ci95'][0]:.2f}, {centres['ci95'][1]:.2f}] "
+            f"| {_rate(c['eliminated'])} | {summary_text(centres)} "
             f"| {r['hero_sum_of_squares']['mean']:.1f} | {_rate(r['any_solo'])} |"
         )
     return lines

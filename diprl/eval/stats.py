@@ -100,6 +100,19 @@ def mean_summary(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": [low, high]}
 
 
+def interval_text(value: float, low: float, high: float, digits: int = 2, scale: float = 1.0, unit: str = "") -> str:
+    """`value [low, high]`: how every report and table prints an estimate beside its 95% interval (`scale`
+    100 and `unit` "%" for a rate as a percentage)."""
+    return f"{value * scale:.{digits}f}{unit} [{low * scale:.{digits}f}, {high * scale:.{digits}f}]"
+
+
+def summary_text(summary: dict[str, Any], digits: int = 2, scale: float = 1.0, unit: str = "") -> str:
+    """`interval_text` of a `rate_summary` or `mean_summary` (its `rate` or `mean`, and its `ci95`)."""
+    low, high = summary["ci95"]
+    value = summary["rate"] if "rate" in summary else summary["mean"]
+    return interval_text(value, low, high, digits, scale, unit)
+
+
 def paired_gain(
     before: Sequence[float], after: Sequence[float], seed: int = 0, n_boot: int = 10_000
 ) -> dict[str, float]:

@@ -112,3 +112,11 @@ def test_bootstrap_rejects_bad_arguments() -> None:
 def test_z95_is_the_normal_quantile() -> None:
     # Phi(z) = (1 + erf(z / sqrt 2)) / 2 should be 0.975.
     assert (1 + math.erf(Z95 / math.sqrt(2))) / 2 == pytest.approx(0.975, abs=1e-7)
+
+
+def test_an_estimate_prints_beside_its_interval_one_way_everywhere() -> None:
+    from diprl.eval.stats import interval_text, summary_text
+
+    assert interval_text(4.25, 3.5, 5.0) == "4.25 [3.50, 5.00]"
+    assert summary_text({"count": 1, "n": 8, "rate": 0.125, "ci95": [0.02, 0.47]}, 1, 100, "%") == "12.5% [2.0, 47.0]"
+    assert summary_text({"mean": 4.0, "ci95": [3.0, 5.5]}) == "4.00 [3.00, 5.50]"
