@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from diprl.league.health import HealthConfig
 from diprl.structured_config import load_structured
 
 SEAT_MODES = ("one", "each")
@@ -97,6 +98,7 @@ class LeagueConfig:
     # hero alone. Snapshots, base and bots are never trained.
     train_seats: str = "learners"
     seed: int = 0
+    health: HealthConfig = field(default_factory=HealthConfig)  # what the league reports about its health
 
     def __post_init__(self) -> None:
         from diprl.league.roles import ROLE_TABLE, TRAIN_SEAT_MODES

@@ -24,6 +24,17 @@ from typing import Any
 import numpy as np
 
 from diprl.league.config import LeagueConfig
+from diprl.league.health import (
+    BehaviourRates,
+    BestVersion,
+    ExploitLedger,
+    RollbackDecision,
+    Score,
+    collapse_faults,
+    nash_over_measured,
+    relative_population_performance,
+    rollback_decision,
+)
 from diprl.league.matchmaking import KINDS
 from diprl.league.members import ANCHOR, LEARNER, POWERS, SNAPSHOT, Member, version_number
 from diprl.league.nash import max_entropy_nash
@@ -31,7 +42,7 @@ from diprl.league.payoff import Payoff, match_outcomes
 from diprl.league.persist import load_state, save_state
 from diprl.league.ratings import Ratings
 from diprl.league.role_state import STATE_VERSION, RoleState, VersionDecision, upgrade_state
-from diprl.league.roles import ROLE_TABLE, trained_seats
+from diprl.league.roles import MAIN, ROLE_TABLE, trained_seats
 from diprl.league.snapshot import should_snapshot
 from diprl.messages import Match, MatchResult, PolicyRef, UnknownPolicyRef
 
@@ -57,6 +68,12 @@ class LeagueManager:
         self.counts: dict[str, dict[str, int]] = {}
         self.reported = {"matches": 0, "results": 0, "ignored": 0}
         self._nash_cache: tuple[int, dict[str, float]] | None = None
+        self.exploits = ExploitLedger()  # exploiters' games against main's versions (health)
+        self.best = BestVersion()
+        self.entries: list[dict[str, Any]] = []  # each snapshot's rating when it entered the pool
+        self.entries_logged = 0  # entries already in a health record
+        self.events: list[dict[str, Any]] = []  # league events: rollback decisions
+        self.rollback: RollbackDecision | None = None  # decided, not yet carried out by the learner
         state = load_state(self.dir)
         if state is not None:
             self._restore(state)
@@ -101,6 +118,7 @@ class LeagueManager:
             snapshot = True
             member = self._snapshot(policy, version)
             role.baseline_step = learner_step
+            self._record_entry(policy, member, learner_step, win_rate)
             if self.rng.random() < ROLE_TABLE[policy].reset_probability(self.config):
                 reset = True
                 self._reset(policy)
@@ -164,6 +182,7 @@ class LeagueManager:
             outcomes = match_outcomes([(f["centres"], f["hero"], f["members"]) for f in forks], hero_member, weights)
             for member, outcome in outcomes.items():
                 self.payoff.update(hero_member, member, outcome)
+            self._record_exploits(hero_member, forks, by_match[match_id][0].seats, outcomes)
             self.ratings.rate([(f["members"], f["ranks"]) for f in forks])
             self.pending.pop(match_id, None)
             self.done.append(match_id)
@@ -222,7 +241,10 @@ class LeagueManager:
         "mu", "sigma", "nash", "games"}], "payoff": {"members": [...], "win_rate": [[...]], "games": [[...]]},
         "ratings": {member: {"mu", "sigma", "ordinal"}}, "nash": {member: weight},
         "matches": {policy: {kind: count}}, "reported": {"matches", "results", "ignored"},
-        "snapshots": {policy: n}, "resets": {policy: n}, "pending": n}
+        "snapshots": {policy: n}, "resets": {policy: n}, "pending": n, "health": {...}}
+
+        The top-level "nash" (and each pool entry's) reads 0 for members left out of the solve; "health"
+        says which were left out (`_health_summary`).
         """
         keys = list(self.members)
         nash = self._nash_weights(force=True)
@@ -254,7 +276,138 @@ class LeagueManager:
             "snapshots": {p: r.snapshots for p, r in self.roles.items()},
             "resets": {p: r.resets for p, r in self.roles.items()},
             "pending": len(self.pending),
+            "health": self._health_summary(keys),
         }
+
+    def _health_summary(self, keys: Sequence[str]) -> dict[str, Any]:
+        """The summary's `health`: Nash with who was left out, exploitability, entries, best version, events."""
+        h = self.config.health
+        min_games = max(h.nash_min_games, self.payoff.min_games)
+        nash = nash_over_measured(keys, self.payoff.win_rate, self.payoff.games, min_games, main=MAIN)
+        return {
+            "nash": nash.to_dict(),
+            "exploitability": self.exploits.lower_bounds(h.z, self._exploit_group()),
+            "exploiters": list(self.exploits.closed),
+            "entries": list(self.entries),
+            "best": self.best.to_dict()["best"],
+            "events": list(self.events),
+            "rollback_pending": None if self.rollback is None else self.rollback.to_dict(),
+        }
+
+    # ------------------------------------------------------------------------------------ health
+    def health(self) -> dict[str, Any]:
+        """One `league` record of the league's health for metrics.jsonl: flat numbers, and the details behind them.
+
+        Nash over measured members (`league/nash*`; members left out are listed, not weighed 0), every
+        member's rating (`league/rating/<member>`, mu - 3 sigma), relative population performance
+        (`league/rpp`: learners and the last `rpp_snapshots` snapshots against the pool before them),
+        exploitability lower bounds of main's versions (`league/exploitability*`), the snapshots that
+        entered since the last record with their rating, the best version and a pending rollback.
+        See `diprl.league.health` for each figure's derivation.
+        """
+        h = self.config.health
+        keys = [k for k in self.members if self.members[k].kind != LEARNER or self.roles[k].current is not None]
+        min_games = max(h.nash_min_games, self.payoff.min_games)
+        nash = nash_over_measured(keys, self.payoff.win_rate, self.payoff.games, min_games, main=MAIN)
+        out: dict[str, Any] = {
+            "league/nash_entropy": nash.entropy,
+            "league/nash_support": nash.support,
+            "league/nash_members": len(nash.weights),
+            "league/nash_left_out_count": len(nash.left_out),
+            "league/nash": nash.weights,
+            "league/nash_left_out": list(nash.left_out),
+        }
+        if nash.main_weight is not None:
+            out["league/nash_main"] = nash.main_weight
+        out |= {f"league/rating/{k}": float(self.ratings.get(k).ordinal) for k in keys}
+        snaps = self.snapshots()
+        cut = max(0, len(snaps) - h.rpp_snapshots)
+        learners = [p for p, r in self.roles.items() if r.current is not None]
+        rpp = relative_population_performance(
+            learners + snaps[cut:], self.anchors() + snaps[:cut], self.payoff.win_rate, self.payoff.games, min_games
+        )
+        if rpp is not None:
+            out["league/rpp"] = rpp.value
+            out["league/rpp_populations"] = rpp.to_dict()
+        bounds = self.exploits.lower_bounds(h.z, self._exploit_group())
+        if bounds:
+            latest = max(bounds, key=_version_order)
+            out["league/exploitability_lb"] = bounds[latest]["lower_bound"]
+            out["league/exploitability_target"] = latest
+            out["league/exploitability_lb_max"] = max(b["lower_bound"] for b in bounds.values())
+            out["league/exploitability"] = bounds
+        out["league/exploiters_beat_main"] = sum(1 for c in self.exploits.closed if c["beaten"])
+        out["league/exploiters_timed_out"] = sum(1 for c in self.exploits.closed if not c["beaten"])
+        if self.entries_logged < len(self.entries):
+            out["league/snapshot_entries"] = self.entries[self.entries_logged :]
+            self.entries_logged = len(self.entries)
+            self._save()
+        if self.best.best is not None:
+            out["league/best_version"] = self.best.best.version
+            out["league/best_score"] = self.best.best.score
+        if self.rollback is not None:
+            out["league/rollback_pending"] = self.rollback.to_dict()
+        return out
+
+    def observe_evaluation(
+        self,
+        version: str,
+        step: int,
+        score: float,
+        low: float,
+        high: float,
+        rates: Mapping[str, Any] | None = None,
+        policy: str = MAIN,
+    ) -> dict[str, Any]:
+        """An evaluation of `policy`'s `version`: track the best version, run the guards, maybe decide a rollback.
+
+        Returns {"best": version, "became_best": bool, "faults": [fault records], "rollback": decision or
+        None}. Each fault is a `fault` record for the run's journal. With `league.health.rollback` on, a
+        fired guard decides one rollback to the best version (a league event, persisted): the same
+        version observed again (a retried call, a resumed run) returns the same decision, never a second.
+        Carrying it out (restoring the best version's adapter weights) is the learner's; it then calls
+        `rollback_done`.
+        """
+        current = Score(version, step, score, low, high)
+        prior = self.best.best
+        became = self.best.observe(current)
+        faults = collapse_faults(
+            version, step, BehaviourRates(**(rates or {})), self.config.health.guards, current, prior
+        )
+        decision = None
+        if faults and self.config.health.rollback:
+            earlier = [e for e in self.events if e["event"] == "rollback" and e["current"] == version]
+            if earlier:
+                decision = RollbackDecision.from_dict(earlier[0])
+            else:
+                decision = rollback_decision(policy, version, step, faults, self.best.best)
+                if decision is not None:
+                    self.rollback = decision
+                    self.events.append({"event": "rollback"} | decision.to_dict())
+        self._save()
+        best = self.best.best
+        return {
+            "best": None if best is None else best.version,
+            "became_best": became,
+            "faults": [f.to_record() for f in faults],
+            "rollback": None if decision is None else decision.to_dict(),
+        }
+
+    def pending_rollback(self, policy: str = MAIN) -> dict[str, Any] | None:
+        """The rollback decided for `policy` and not yet done (a resumed driver carries it out then), or None."""
+        r = self.rollback
+        return r.to_dict() if r is not None and r.policy == policy else None
+
+    def rollback_done(self, policy: str, restored: str) -> None:
+        """The learner restored the best version's weights and published them as `restored`: clear the decision."""
+        r = self.rollback
+        if r is None or r.policy != policy:
+            return
+        self.events.append(
+            {"event": "rollback_done", "policy": policy, "from": r.current, "to": r.to, "published": restored}
+        )
+        self.rollback = None
+        self._save()
 
     # ------------------------------------------------------------- what the role table reads (LeagueView)
     def anchors(self) -> list[str]:
@@ -318,6 +471,58 @@ class LeagueManager:
             self.ratings.set(version, self.ratings.get(policy))  # same weights as the learner right now
             self.roles[policy].snapshots += 1
         return version
+
+    def _exploiter_label(self, policy: str) -> str:
+        """An exploiter's generation: its name and the number of resets before it (each reset is a new adapter)."""
+        return f"{policy}#{self.roles[policy].resets}"
+
+    def _record_entry(self, policy: str, member: str, step: int, win_rate: float) -> None:
+        """A snapshot entered: its rating now; for an exploiter, whether it beat main or timed out."""
+        if any(e["member"] == member for e in self.entries):
+            return
+        r = self.ratings.get(member)
+        self.entries.append(
+            {"member": member, "role": policy, "step": step, "rating": r.ordinal, "mu": r.mu, "sigma": r.sigma}
+        )
+        if ROLE_TABLE[policy].exploiter and MAIN in self.roles:
+            target = str(self.roles[MAIN].current)
+            beaten = win_rate > self.config.snapshot_win_rate
+            self.exploits.close(self._exploiter_label(policy), target, win_rate, beaten, step)
+
+    def _record_exploits(
+        self, hero: str, forks: Sequence[Mapping[str, Any]], seats: Mapping[str, Any], outcomes: Mapping[str, float]
+    ) -> None:
+        """An exploiter's outcome against a main member, under the main version its seats played."""
+        if hero not in self.roles or not ROLE_TABLE[hero].exploiter:
+            return
+        for member, outcome in outcomes.items():
+            if member not in self.members or self.members[member].role != MAIN:
+                continue
+            refs = {str(seats[p]) for p, m in forks[0]["members"].items() if m == member}
+            if len(refs) == 1:
+                self.exploits.record(self._exploiter_label(hero), refs.pop(), outcome)
+
+    def _exploit_group(self) -> Any:
+        """Main's version -> the frozen main version it is counted under (see `health`).
+
+        Main publishes a version every step; an exploiter meets each only a few times. Games against
+        the versions up to a main snapshot count for that snapshot (the learner moves little in the
+        `snapshot_steps` between two), those after the last snapshot for main's current version.
+        """
+        frozen = sorted(version_number(k)[1] for k, m in self.members.items() if m.kind == SNAPSHOT and m.role == MAIN)
+        current = self.roles[MAIN].current if MAIN in self.roles else None
+
+        def group(target: str) -> str:
+            try:
+                policy, number = version_number(target)
+            except UnknownPolicyRef:
+                return target
+            if policy != MAIN:
+                return target
+            later = [k for k in frozen if k >= number]
+            return f"{MAIN}@v{later[0]}" if later else current or target
+
+        return group
 
     def _reset(self, policy: str) -> None:
         """A fresh adapter replaces the learner: forget its statistics and its unreported matches."""
@@ -416,6 +621,14 @@ class LeagueManager:
             "done": list(self.done),
             "counts": self.counts,
             "reported": self.reported,
+            "health": {
+                "exploits": self.exploits.to_dict(),
+                "best": self.best.to_dict(),
+                "entries": self.entries,
+                "entries_logged": self.entries_logged,
+                "events": self.events,
+                "rollback": None if self.rollback is None else self.rollback.to_dict(),
+            },
         }
 
     def _restore(self, state: Mapping[str, Any]) -> None:
@@ -429,10 +642,25 @@ class LeagueManager:
         self.done = deque(state["done"], maxlen=DONE_MEMORY)
         self.counts = {p: dict(c) for p, c in state["counts"].items()}
         self.reported = dict(state["reported"])
+        health = state.get("health") or {}  # absent in states written before the league reported its health
+        self.exploits = ExploitLedger.from_dict(health.get("exploits") or {})
+        self.best = BestVersion.from_dict(health.get("best") or {})
+        self.entries = [dict(e) for e in health.get("entries", [])]
+        self.entries_logged = int(health.get("entries_logged", 0))
+        self.events = [dict(e) for e in health.get("events", [])]
+        rollback = health.get("rollback")
+        self.rollback = None if rollback is None else RollbackDecision.from_dict(rollback)
         log.info("league restored from %s: %d members", self.dir, len(self.members))
 
     def _save(self) -> None:
         save_state(self.dir, self.state())
+
+
+def _version_order(target: str) -> tuple[int, str]:
+    try:
+        return version_number(target)[1], target
+    except UnknownPolicyRef:
+        return -1, target
 
 
 def league_actor(config: LeagueConfig, run_dir: str | Path, name: str = "league", **options: Any) -> Any:
