@@ -322,6 +322,7 @@ def test_the_league_summary_is_replaced_atomically(tmp_path: Path, monkeypatch: 
         _log_serving=lambda: None,
         actors=SimpleNamespace(league=SimpleNamespace(summary=SimpleNamespace(remote=lambda: "summary"))),
         _main_rating=lambda: None,
+        _log_league=lambda: None,
         journal=SimpleNamespace(log=lambda kind, values: None, tracker=tracker),
         counters=Counters(),
         config=SimpleNamespace(experiment="smoke"),

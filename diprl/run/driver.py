@@ -93,7 +93,7 @@ class Driver:
         self.ledger_closed = False
         self.chaos_done = False
         self.rating: float | None = None
-        self.evals = EvalSchedule(actors.evaluator, config.evaluation, journal, counters)
+        self.evals = EvalSchedule(actors.evaluator, config.evaluation, journal, counters, league=actors.league)
         self.learning = LearnerLoop(
             actors.learners, actors.queues, actors.league, journal, self.evals.protected, self.request_stop
         )
@@ -185,6 +185,8 @@ class Driver:
         if policy == "main":
             self.evals.on_step(self.learning.versions["main"], self.main_step)
             self.rating = self._main_rating()
+            if self.main_step == 1 or self.main_step % self.config.league.health.every_steps == 0:
+                self._log_league()
         save_counters(self.run_dir, self.counters)
 
     def _stop_rollouts(self) -> None:
@@ -208,6 +210,14 @@ class Driver:
 
         version = self.learning.versions.get("main")
         return None if version is None else ray.get(self.actors.league.rating.remote(version))
+
+    def _log_league(self) -> None:
+        """One `league` record: main's rating and the league's health (`LeagueManager.health`)."""
+        import ray
+
+        health = ray.get(self.actors.league.health.remote())
+        rating = {"league/rating": self.rating} if self.rating is not None else {}
+        self.journal.log("league", {"step": self.main_step} | rating | health)
 
     def _progress_fields(self) -> dict[str, Any]:
         return progress_fields(
@@ -260,7 +270,7 @@ class Driver:
         summary = ray.get(self.actors.league.summary.remote())
         write_json_atomic(self.run_dir / "league_summary.json", summary, indent=1)  # the web app may be reading it
         self.rating = self._main_rating()
-        self.journal.log("league", {"league/rating": self.rating} if self.rating is not None else {})
+        self._log_league()
         save_counters(self.run_dir, self.counters)
         self.journal.tracker.close()
         plot_learning_curves(

@@ -5,14 +5,20 @@ A stopping run starts no new evaluation until its end, where the final version i
 same fixed games: the "after" of a before/after comparison. An evaluation whose call failed (its
 PolicyServer replica or the evaluator restarted under it) is on record as a fault and runs again, up
 to `evaluation.retries` times, before the next one: the step-0 "before" is not lost to a restart.
+
+Each finished evaluation is also told to the league (`LeagueManager.observe_evaluation`): it tracks main's
+best version and runs the collapse guards; a guard that fires is a `fault` record here, a rollback the
+league decides a `league` record.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from diprl.messages import EvaluationResult
+from diprl.messages import EvaluationResult, PolicyRef
 from diprl.run.config import EvalScheduleConfig
 from diprl.run.journal import Journal
 from diprl.run.rundir import Counters
@@ -31,6 +37,7 @@ class EvalSchedule:
     next_step: int | None = None
     last_version: str | None = None
     last: dict[str, float] = field(default_factory=dict)  # opponents -> hero mean centres of the latest evaluation
+    league: Any = None  # the LeagueManager actor, told every evaluation (None: nobody is)
 
     def start(self, version: str, step: int) -> None:
         e = self.config
@@ -98,6 +105,19 @@ class EvalSchedule:
                     "eval/report": result.report,
                 },
             )
+        if self.league is not None:
+            self._tell_league(result, version, step)
+
+    def _tell_league(self, result: EvaluationResult, version: str, step: int) -> None:
+        """The league's best version and collapse guards read this evaluation; what fired goes on record."""
+        import ray
+
+        score, low, high, rates = evaluation_health(result)
+        answer = ray.get(self.league.observe_evaluation.remote(version, step, score, low, high, rates))
+        for fault in answer["faults"]:
+            self.journal.fault(fault)
+        if answer["rollback"] is not None:
+            self.journal.log("league", {"step": step, "league/rollback": answer["rollback"]})
 
     def final(self, version: str, step: int) -> None:
         """Evaluate the final version now (waiting for it), unless it already was."""
@@ -106,3 +126,26 @@ class EvalSchedule:
         for attempt in range(self.config.retries + 1):
             if self._settle(self._submit(version, step, attempt)):
                 return
+
+
+def evaluation_health(result: EvaluationResult) -> tuple[float, float, float, dict[str, float]]:
+    """(score, low, high, behaviour rates) of one evaluation, what the league's best version and guards read.
+
+    Score: the hero's mean centres averaged over the fixed opponents (bots, `base`; pinned snapshots are
+    left out so that pinning one does not move the score), its interval the average of theirs. Rates:
+    support, void-support and bad-completion rates averaged over the opponents whose report has them.
+    """
+    fixed = [o for o in result.opponents if not PolicyRef.parse(o.opponent).is_adapter] or list(result.opponents)
+    score = sum(o.mean_centres for o in fixed) / len(fixed)
+    low = min(score, sum(o.centres_ci95[0] for o in fixed) / len(fixed))
+    high = max(score, sum(o.centres_ci95[1] for o in fixed) / len(fixed))
+    try:
+        summary = json.loads(Path(result.report).read_text())["summary"]
+    except (OSError, ValueError, KeyError, TypeError):
+        summary = {}
+    rates: dict[str, float] = {}
+    for name in ("support_rate", "void_support_rate", "bad_completion_rate"):
+        values = [v for k, v in summary.items() if k.endswith(f"/{name}") and isinstance(v, int | float)]
+        if values:
+            rates[name] = float(sum(values) / len(values))
+    return score, low, high, rates
