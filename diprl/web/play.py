@@ -59,6 +59,16 @@ class UnknownPlayGame(PlayError, LookupError):
     status = 404
 
 
+class ServerInUse(PlayError):
+    """The one PolicyServer serves another store or model for games in play: this game would take it away."""
+
+    status = 409
+
+
+class TooManyGames(PlayError):
+    status = 429
+
+
 class SeatFailure(RuntimeError):
     """An LLM seat could not be answered (server down, wrong answer count): the phase was not played."""
 
@@ -203,6 +213,7 @@ class PlaySession:
     notes: list[str] = field(default_factory=list)  # what LLM seats got wrong, per phase
     created: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    last_used: float = 0.0  # on the room's clock: when a request last touched the game
 
     def __post_init__(self) -> None:
         from diprl.bots import make_agent
@@ -327,22 +338,59 @@ class PlaySession:
 
 
 class PlayRoom:
-    """The games being played in this server, by id; each is saved under `<runs>/play/<id>/`."""
+    """The games being played in this server, by id; each is saved under `<runs>/play/<id>/`.
 
-    def __init__(self, runs_dir: Path, client_for: ClientFor) -> None:
+    A game left alone for `idle_s` leaves the room (its files stay: the games page shows it), and so stops
+    holding its PolicyServer. At most `max_sessions` games are kept, and at most `max_llm_sessions` with LLM
+    seats on one server (each of their moves holds a worker thread while the server answers).
+    """
+
+    def __init__(
+        self,
+        runs_dir: Path,
+        client_for: ClientFor,
+        max_sessions: int = 64,
+        max_llm_sessions: int = 8,
+        idle_s: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.runs_dir = runs_dir
         self.client_for = client_for
+        self.max_sessions = max_sessions
+        self.max_llm_sessions = max_llm_sessions
+        self.idle_s = idle_s
+        self.clock = clock
         self.sessions: dict[str, PlaySession] = {}
         self._lock = threading.Lock()
 
+    def _evict_idle(self) -> None:
+        """Drop games nobody touched for `idle_s` (caller holds `_lock`)."""
+        cutoff = self.clock() - self.idle_s
+        for game_id in [g for g, s in self.sessions.items() if s.last_used < cutoff]:
+            del self.sessions[game_id]
+
     def start(self, setup: PlaySetup, seed: int | None = None) -> PlaySession:
-        """A new game, saved at once; the LLM seats' client is set up first, so a game that cannot be
-        served is refused before it exists (a local PolicyServer starts here, once)."""
+        """A new game, saved at once. Its LLM seats' server is asked for first, without waiting for it to
+        start (`prepare`), so a game that cannot be served (too many games, the server busy with another
+        run's games) is refused before it exists, and no request waits for vLLM."""
+        with self._lock:
+            self._evict_idle()
+            if len(self.sessions) >= self.max_sessions:
+                raise TooManyGames(
+                    f"this server already keeps {len(self.sessions)} games; finish one, or wait for one left alone "
+                    f"for {self.idle_s / 60:.0f} minutes to leave"
+                )
+            in_play = [s for s in self.sessions.values() if not s.finished and s.setup.llm_seats]
         if setup.llm_seats:
-            try:
-                self.client_for(setup.adapters, setup.model)
-            except Exception as exc:
-                raise PlayError(f"no PolicyServer for the LLM seats ({', '.join(setup.llm_seats)}): {exc}") from exc
+            key = (setup.adapters, setup.model)
+            same = [s for s in in_play if (s.setup.adapters, s.setup.model) == key]
+            if len(same) >= self.max_llm_sessions:
+                raise TooManyGames(
+                    f"{len(same)} games with LLM seats on this PolicyServer are in play (at most "
+                    f"{self.max_llm_sessions}); finish one, or wait for one left alone for "
+                    f"{self.idle_s / 60:.0f} minutes to leave"
+                )
+            self._ask_for_server(setup, in_play)
         game_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
         session = PlaySession(
             game_id=game_id,
@@ -350,18 +398,43 @@ class PlayRoom:
             directory=self.runs_dir / PLAY_DIR / game_id,
             client_for=self.client_for,
             seed=secrets.randbelow(2**31) if seed is None else seed,
+            last_used=self.clock(),
         )
         session.resume()
         with self._lock:
             self.sessions[game_id] = session
         return session
 
+    def _ask_for_server(self, setup: PlaySetup, in_play: list[PlaySession]) -> None:
+        prepare = getattr(self.client_for, "prepare", None)
+        try:
+            if prepare is None:  # a factory whose clients come at once (beside a training run, tests)
+                self.client_for(setup.adapters, setup.model)
+                return
+            served = getattr(self.client_for, "served")  # noqa: B009  # with prepare, the same factory's
+            in_use = {served(s.setup.adapters, s.setup.model): s for s in in_play}
+            prepare(setup.adapters, setup.model, in_use=set(in_use))
+        except ServerInUse as exc:
+            holders = [s for s in in_play if (s.setup.adapters, s.setup.model) != (setup.adapters, setup.model)]
+            users = [s.game_id for s in holders]
+            run = holders[0].setup.run if holders else None
+            raise ServerInUse(
+                f"{exc}: it serves run {run}'s versions for games {', '.join(users)}. Finish those games (or leave "
+                f"them {self.idle_s / 60:.0f} minutes), or play this run in another `python -m diprl.web`"
+            ) from None
+        except Exception as exc:
+            raise PlayError(f"no PolicyServer for the LLM seats ({', '.join(setup.llm_seats)}): {exc}") from exc
+
     def get(self, game_id: str) -> PlaySession:
         with self._lock:
+            self._evict_idle()
             session = self.sessions.get(game_id)
+            if session is not None:
+                session.last_used = self.clock()
         if session is None:
             raise UnknownPlayGame(
-                f"no game {game_id[:40]!r} is being played in this server (older games are on the games page)"
+                f"no game {game_id[:40]!r} is being played in this server (older games, and games left alone for "
+                f"{self.idle_s / 60:.0f} minutes, are on the games page)"
             )
         return session
 
