@@ -208,13 +208,16 @@ class LeagueManager:
     def refs_in_use(self) -> list[str]:
         """Every PolicyRef the league may still hand out or be told about, sorted.
 
-        The current version of every role, every pool member's ref, and the seats of matches handed out
-        and not yet reported. What the adapter store must keep when it deletes old versions.
+        The current version of every role, every pool member's ref, the seats of matches handed out
+        and not yet reported, and main's best version (what a rollback restores). What the adapter store
+        must keep when it deletes old versions.
         """
         refs = {r.current for r in self.roles.values() if r.current is not None}
         refs |= {m.ref for m in self.members.values() if m.kind != LEARNER}
         for match in self.pending.values():
             refs |= {str(ref) for ref in match["seats"].values()}
+        if self.best.best is not None:  # a rollback restores it: its weights must outlive pruning
+            refs.add(self.best.best.version)
         return sorted(refs)
 
     def pid_of(self) -> int:

@@ -106,6 +106,7 @@ def test_a_collapse_decides_one_rollback_that_survives_a_restart(tmp_path: Path)
         "guards": ["support_rate", "void_support_rate"],
     }
     assert manager.observe_evaluation("main@v5", 40, 3.9, 3.5, 4.3, collapsed)["rollback"] == answer["rollback"]
+    assert "main@v1" in manager.refs_in_use()  # the best version's weights must survive pruning
     restarted = LeagueManager(manager.config, tmp_path)
     assert restarted.pending_rollback("main") == answer["rollback"]
     assert restarted.health()["league/rollback_pending"] == answer["rollback"]
