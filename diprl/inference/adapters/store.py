@@ -7,7 +7,7 @@ Layout of a store (the directory is the source of truth; `index.json` is a conve
     root/<policy>/v<N>/adapter_model.safetensors
     root/<policy>/v<N>/DIPRL_MANIFEST.json    size + sha256 of each file, rank, alpha, modules, base
     root/<policy>/.tmp-<uuid>/                a publish in progress (never listed)
-    root/.pins/<policy>@v<N>                  the version's fingerprint, recorded when it was published
+    root/.pins/<policy>@v<N>                  the version's pin (a MAC of its fingerprint, `pins`), made at publish
 
 Publishing writes a complete version into a temp directory, fsyncs it, pins its fingerprint, and
 claims the next number with one `rename` (under the store's publish lock, so the pin written for a
