@@ -192,7 +192,10 @@ class PolicyEngine:
             entry = load_entry(ref)
         except ZooError as err:
             raise AdapterError(str(err)) from None
-        served = str(resolve_model_path(load_preset(entry.model)))
+        try:
+            served = str(resolve_model_path(load_preset(entry.model)))
+        except FileNotFoundError as err:  # ModelNotBuilt: its model is not this server's, which built its own
+            raise AdapterError(f"{ref} plays on model {entry.model!r}, which this server does not run: {err}") from None
         if not same_base_model(served, self.model_path):
             raise AdapterError(f"{ref} plays on model {entry.model!r} ({served}); this server runs {self.model_path!r}")
         if entry.adapter_dir is not None:
