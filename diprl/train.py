@@ -30,6 +30,7 @@ from diprl.run.config import CONF_DIR, Config, ConfigError, compose_config
 from diprl.run.driver import Driver, Stop, stop_on_signals
 from diprl.run.provenance import write_provenance
 from diprl.run.rundir import json_safe, load_counters, prepare_run_dir, run_namespace
+from diprl.run.shared_dir import check_shared_run_dir
 
 
 def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, Any]:
@@ -51,6 +52,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         ray_session(**ray_options(config, verbose, namespace=run_namespace(held.path))) as info,
     ):
         run_dir = held.path
+        check_shared_run_dir(run_dir)  # on several nodes, every node must read and write it: refused now, not later
         write_provenance(run_dir)
         print(f"run directory: {run_dir}", flush=True)
         if hint := info.dashboard_hint():

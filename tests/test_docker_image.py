@@ -80,6 +80,7 @@ def test_the_launchers_docker_run_line_mounts_the_checkout_and_the_token_and_ask
     assert volumes == {
         "/tmp/ray_tmp_mount/diprl//opt/diprl:/opt/diprl",
         "/tmp/ray_tmp_mount/diprl//opt/diprl-auth/ray_auth_token:/opt/diprl-auth/ray_auth_token",
+        "/mnt/shared:/mnt/shared",  # the run directory's filesystem (docs/cluster.md)
     }
     assert "--env RAY_AUTH_MODE=token" in line
     assert "--env RAY_AUTH_TOKEN_PATH=/opt/diprl-auth/ray_auth_token" in line
