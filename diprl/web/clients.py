@@ -69,7 +69,8 @@ class LocalPolicyClients:
         with self._lock:
             if self._served == wanted and self._error is None:
                 return
-            if self._served is not None and self._served != wanted and self._served in in_use:
+            serving_games = self._served in in_use and self._error is None  # a failed server holds nothing
+            if self._served is not None and self._served != wanted and serving_games:
                 root, served_model = self._served
                 raise ServerInUse(
                     f"the PolicyServer is serving {root}{f' on {served_model}' if served_model else ''} for games "

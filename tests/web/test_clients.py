@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from diprl.web import start_web
-from diprl.web.clients import LocalPolicyClients
+from diprl.web.clients import LocalPolicyClients, ServerStarting
 from diprl.web.play import PlayError, PlayRoom, PlaySetup
 from tests.web.conftest import POWERS, FakePolicyClients, RunTree
 
@@ -30,12 +30,15 @@ class FakeServers:
         self.gate.set()
         self.opened: list[Path] = []
         self.closed: list[Path] = []
+        self.failures = 0  # starts that fail before this many have been tried
 
     @contextlib.contextmanager
     def __call__(self, config: Any) -> Iterator[Any]:
         root = Path(config.adapters)
         self.opened.append(root)
         assert self.gate.wait(120), "the test never opened the gate"
+        if len(self.opened) <= self.failures:
+            raise RuntimeError("vLLM could not start (test)")
         try:
             yield FakePolicyClients()(root)
         finally:
@@ -107,6 +110,32 @@ def test_games_in_play_are_bounded_per_server_and_idle_ones_evicted(tmp_path: Pa
         with pytest.raises(PlayError, match="no game"):
             room.get(games[0].game_id)
         assert room.get(games[1].game_id) is games[1]
+    finally:
+        clients.close()
+
+
+def test_a_failed_start_is_reported_once_and_the_next_request_starts_it_again(
+    tmp_path: Path, servers: FakeServers
+) -> None:
+    """N7: each waiting request used to retry a failed start in turn, holding the lock. Now one start runs at
+    a time, its failure is told to the next caller, and the call after that starts the server again."""
+    servers.failures = 1
+    clients = LocalPolicyClients(tmp_path / "empty")
+    try:
+        clients.prepare(None)
+        clients.prepare(None)  # already starting: not a second start
+        messages = []
+        for _ in range(600):
+            try:
+                clients(None)
+                break
+            except ServerStarting as exc:
+                messages.append(str(exc))
+            threading.Event().wait(0.05)
+        else:
+            raise AssertionError("the PolicyServer never became ready")
+        assert sum("failed to start (RuntimeError: vLLM could not start (test))" in m for m in messages) == 1
+        assert len(servers.opened) == 2
     finally:
         clients.close()
 
