@@ -117,7 +117,7 @@ def entropy(weights: Sequence[float] | np.ndarray) -> float:
     """Shannon entropy in nats, 0 log 0 = 0."""
     w = np.asarray(weights, dtype=np.float64)
     w = w[w > 0.0]
-    return float(-np.sum(w * np.log(w)))
+    return float(-np.sum(w * np.log(w))) + 0.0  # + 0.0: a single member's entropy reads 0.0, not -0.0
 
 
 def measured_members(members: Sequence[str], games: Callable[[str, str], float], min_games: float) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -77,6 +78,7 @@ def test_the_minimum_of_games_is_configurable() -> None:
     assert report.left_out == ("bot:dumbbot",)
     assert report.weights == pytest.approx({"main": 1.0, "bot:random": 0.0}, abs=1e-6)
     assert report.main_weight == pytest.approx(1.0) and report.support == 1
+    assert json.dumps(report.entropy) == "0.0"  # not "-0.0" in metrics.jsonl
     nothing = nash_of(Payoff(), ["main", "base"])
     assert nothing.weights == {} and nothing.left_out == ("main", "base") and nothing.support == 0
 
