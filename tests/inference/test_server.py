@@ -223,6 +223,14 @@ def test_openai_compatible_completions_route(server: Server) -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/models", timeout=60) as response:
         models = {m["id"] for m in json.loads(response.read())["data"]}
     assert {"base", "alpha@v1", "beta@v1"} <= models
+    # Through Serve's proxy too (N3): a cross-site text/plain post and a rebound Host name are refused.
+    body = json.dumps({"model": "base", "prompt": "A PAR", "max_tokens": 2}).encode()
+    for headers, refused in (({"Content-Type": "text/plain"}, 415), ({"Host": "attacker.example"}, 403)):
+        sent = {"Content-Type": "application/json", **headers}
+        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/completions", data=body, headers=sent)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=60)
+        assert caught.value.code == refused, headers
 
 
 def test_adapters_beyond_the_lru_are_unloaded(server: Server, tmp_path: Path) -> None:
