@@ -116,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__)
         print("experiments:", ", ".join(sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))))
         return 0
+    if any(a in ("-m", "--multirun") for a in args):  # a sweep: every point a run of its own (diprl.sweep)
+        from diprl.sweep import run_sweep
+
+        return run_sweep(args)
     try:
         config, resolved = compose_config(args)
     except (HydraException, OmegaConfBaseException, ConfigError, KeyError, ValueError) as exc:
