@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -130,15 +131,28 @@ def test_the_images_python_layer_builds_and_imports(tmp_path: Path) -> None:
                     shutil.copytree(src, image / source.rstrip("/"), ignore=shutil.ignore_patterns("__pycache__"))
                 else:
                     shutil.copy(src, image / source)
-    prefix = tmp_path / "layer"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
-    done = subprocess.run([*pip, "--prefix", str(prefix), "-e", str(image)], capture_output=True, text=True, env=env)
+    # `pip install -e` as the Dockerfile runs it, without pip: pip would first uninstall this checkout's own
+    # editable diprl from the venv running the tests (even with --prefix). setuptools' PEP 660 hook builds
+    # the same editable wheel, which is then unpacked into a directory of the test's own.
+    wheels, site = tmp_path / "wheels", tmp_path / "layer"
+    build = "import sys; from setuptools import build_meta; print(build_meta.build_editable(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", build, str(wheels)], capture_output=True, text=True, cwd=image, env=env
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    [site] = prefix.glob("lib/python*/site-packages")
+    with zipfile.ZipFile(wheels / done.stdout.strip().splitlines()[-1]) as wheel:
+        wheel.extractall(site)
     script = f"""
 import site, sys
-sys.path = [p for p in sys.path if p not in ('', {str(ROOT)!r})]  # not this checkout: the image's copy
+# Not this checkout (the venv's own editable finder, the working directory): the image's copy.
+sys.path = [p for p in sys.path if p not in ('', {str(ROOT)!r})]
+for name in [m for m in sys.modules if m.startswith("__editable__") and "diprl" in m]:
+    del sys.modules[name]
+sys.meta_path = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+sys.path_hooks = [h for h in sys.path_hooks if not getattr(h, "__module__", "").startswith("__editable__")]
+sys.path_importer_cache.clear()
+sys.path.insert(0, {str(site)!r})  # ahead of the venv's finder module of the same name
 site.addsitedir({str(site)!r})
 import diprl, diprl.train
 from diprl.run.config import compose_config
