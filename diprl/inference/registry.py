@@ -55,12 +55,18 @@ def start_registry(name: str = REGISTRY_NAME) -> Any:
 
 
 def publish_everywhere(
-    store: AdapterStore, policy: str, source: Path | Any, registry: Any = None, base_model: str | None = None
+    store: AdapterStore,
+    policy: str,
+    source: Path | Any,
+    registry: Any = None,
+    base_model: str | None = None,
+    canary: bytes | None = None,
 ) -> AdapterRef:
     """Publish to the store (atomic, immutable) and, if given, register the same files in the registry.
 
-    `base_model` is passed to `AdapterStore.publish` (it overrides the adapter config's base model)."""
-    ref = store.publish(policy, source, base_model=base_model)
+    `base_model` and `canary` are passed to `AdapterStore.publish` (the first overrides the adapter
+    config's base model; the second travels with the version, fingerprinted)."""
+    ref = store.publish(policy, source, base_model=base_model, canary=canary)
     if registry is not None:
         ray.get(registry.register.remote(ref.name, pack_adapter(store.resolve(ref.name))))
     return ref

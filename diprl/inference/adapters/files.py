@@ -32,7 +32,11 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 MANIFEST_FILE = "DIPRL_MANIFEST.json"
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
-"""The only files a version holds besides its manifest: what vLLM and `PeftModel.from_pretrained` read."""
+"""The files every version holds besides its manifest: what vLLM and `PeftModel.from_pretrained` read."""
+CANARY_FILE = "canary.json"
+OPTIONAL_FILES = (CANARY_FILE,)
+"""Files a version may hold too, fingerprinted like the others: the canary (`diprl.inference.canary`)
+that the learner publishes with the weights and a replica checks after loading them."""
 
 SERVABLE_DTYPES = frozenset({"F16", "BF16", "F32"})
 """Weight dtypes vLLM's LoRA layers accept (they are cast to the model dtype on load)."""

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diprl.inference.adapters.files import ADAPTER_FILES, MANIFEST_FILE, AdapterShape, positive_number
+from diprl.inference.adapters.files import (
+    ADAPTER_FILES,
+    CANARY_FILE,
+    MANIFEST_FILE,
+    OPTIONAL_FILES,
+    AdapterShape,
+    positive_number,
+)
 from diprl.inference.adapters.names import (
     AdapterRef,
     CorruptAdapter,
@@ -49,6 +56,11 @@ class AdapterVersion:
     base_model: str | None
     files: tuple[AdapterFile, ...]
     created: str
+
+    @property
+    def canary_file(self) -> AdapterFile | None:
+        """The version's canary as its manifest records it; None for a version published without one."""
+        return next((f for f in self.files if f.name == CANARY_FILE), None)
 
     @property
     def name(self) -> str:
@@ -85,7 +97,8 @@ def manifest_dict(ref: AdapterRef, shape: AdapterShape, files: list[AdapterFile]
 
 def version_from_manifest(raw: bytes, path: Path, where: str) -> AdapterVersion:
     """An `AdapterVersion` from manifest bytes; its name goes through `parse_policy_ref` and its file
-    list must be exactly the PEFT files: a manifest can never make us read or write anything else."""
+    list must be exactly the PEFT files, plus optional ones (the canary): a manifest can never make us
+    read or write anything else."""
     try:
         if len(raw) > _MAX_MANIFEST_BYTES:
             raise ValueError(f"{len(raw)} bytes is far more than a manifest needs")
@@ -94,10 +107,14 @@ def version_from_manifest(raw: bytes, path: Path, where: str) -> AdapterVersion:
             raise ValueError(f"not a {MANIFEST_FORMAT} manifest")
         ref = require_adapter(manifest["name"])
         files_raw = manifest["files"]
-        if not isinstance(files_raw, dict) or sorted(files_raw) != sorted(ADAPTER_FILES):
-            raise ValueError(f"must list exactly {list(ADAPTER_FILES)}")
+        if (
+            not isinstance(files_raw, dict)
+            or not set(ADAPTER_FILES) <= set(files_raw)
+            or not set(files_raw) <= {*ADAPTER_FILES, *OPTIONAL_FILES}
+        ):
+            raise ValueError(f"must list exactly {list(ADAPTER_FILES)}, and optionally {list(OPTIONAL_FILES)}")
         files = []
-        for name in ADAPTER_FILES:
+        for name in (*ADAPTER_FILES, *(n for n in OPTIONAL_FILES if n in files_raw)):
             size, sha = files_raw[name]["size"], files_raw[name]["sha256"]
             if (
                 not isinstance(size, int)

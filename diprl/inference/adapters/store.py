@@ -5,7 +5,8 @@ Layout of a store (the directory is the source of truth; `index.json` is a conve
     root/index.json                           every policy's versions, rewritten atomically
     root/<policy>/v<N>/adapter_config.json    PEFT files, copied byte for byte, read-only for the owner alone
     root/<policy>/v<N>/adapter_model.safetensors
-    root/<policy>/v<N>/DIPRL_MANIFEST.json    size + sha256 of each file, rank, alpha, modules, base
+    root/<policy>/v<N>/canary.json            optional: the weights' canary completions (`diprl.inference.canary`)
+root/<policy>/v<N>/DIPRL_MANIFEST.json    size + sha256 of each file, rank, alpha, modules, base
     root/<policy>/.tmp-<uuid>/                a publish in progress (never listed)
     root/.pins/<policy>@v<N>                  the version's pin (a MAC of its fingerprint, `pins`), made at publish
 
@@ -24,6 +25,7 @@ the store (or at files an attacker controls), so it is refused as unknown rather
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -40,6 +42,7 @@ from diprl.atomic_io import fsync_dir
 from diprl.inference.adapters import _fs
 from diprl.inference.adapters.files import (
     ADAPTER_FILES,
+    CANARY_FILE,
     CONFIG_FILE,
     MANIFEST_FILE,
     WEIGHTS_FILE,
@@ -188,14 +191,22 @@ class AdapterStore:
 
     # ---- publishing -------------------------------------------------------------------------
 
-    def publish(self, policy: str, source: Path | str | SavesPretrained, base_model: str | None = None) -> AdapterRef:
+    def publish(
+        self,
+        policy: str,
+        source: Path | str | SavesPretrained,
+        base_model: str | None = None,
+        canary: bytes | None = None,
+    ) -> AdapterRef:
         """Store a new immutable version of `policy` and return its ref (`policy@v<N>`, N = latest + 1).
 
         `source` is a directory written by PEFT's `save_pretrained` (safetensors) or a PEFT model,
         which is saved here. `base_model` overrides the config's `base_model_name_or_path`, which
         is empty for models built in memory. The files are validated before a number is claimed
         (config, safetensors header, dtypes, and, when the base model is a local directory, every
-        module's shapes against its weights), so a bad adapter never becomes a version.
+        module's shapes against its weights), so a bad adapter never becomes a version. `canary` is the
+        weights' canary (`diprl.inference.canary`), stored as `canary.json` and fingerprinted with them;
+        one that does not parse is refused here, before a number is claimed.
         """
         validate_policy_name(policy)
         if base_model is not None and (not isinstance(base_model, str) or not base_model.strip()):
@@ -212,24 +223,33 @@ class AdapterStore:
         _fs.make_dir(tmp)
         try:
             if isinstance(source, str | Path):
-                ref = self._publish_from(Path(source), tmp, policy, base_model)
+                ref = self._publish_from(Path(source), tmp, policy, base_model, canary)
             else:
                 with tempfile.TemporaryDirectory(prefix=_fs.TMP_PREFIX, dir=policy_dir) as saved:
                     source.save_pretrained(saved, safe_serialization=True)
-                    ref = self._publish_from(Path(saved), tmp, policy, base_model)
+                    ref = self._publish_from(Path(saved), tmp, policy, base_model, canary)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         self.refresh_index()
         return ref
 
-    def _publish_from(self, src: Path, tmp: Path, policy: str, base_model: str | None) -> AdapterRef:
+    def _publish_from(
+        self, src: Path, tmp: Path, policy: str, base_model: str | None, canary: bytes | None
+    ) -> AdapterRef:
         where = f"publishing {policy} from {src}"
+        if canary is not None:
+            from diprl.inference.canary import Canary  # the canary module imports this package
+
+            Canary.from_bytes(canary, where)
         for name in ADAPTER_FILES:
             if not (src / name).is_file():
                 hint = " (save with safe_serialization=True)" if (src / "adapter_model.bin").exists() else ""
                 raise CorruptAdapter(f"{where}: {name} is missing{hint}")
         files = [AdapterFile(name, *_fs.copy_hashing(src / name, tmp / name)) for name in ADAPTER_FILES]
+        if canary is not None:
+            _fs.write_bytes(tmp / CANARY_FILE, canary)
+            files.append(AdapterFile(CANARY_FILE, len(canary), hashlib.sha256(canary).hexdigest()))
         config = read_config((tmp / CONFIG_FILE).read_bytes(), where)
         specs = tensor_specs_of_file(tmp / WEIGHTS_FILE, where)
         shape = adapter_shape(config, specs, where, base_model)

@@ -21,7 +21,6 @@ from typing import Any
 from diprl.atomic_io import fsync_dir
 from diprl.inference.adapters import _fs
 from diprl.inference.adapters.files import (
-    ADAPTER_FILES,
     CONFIG_FILE,
     MANIFEST_FILE,
     WEIGHTS_FILE,
@@ -65,8 +64,9 @@ def check_packed(packed: Mapping[str, bytes]) -> AdapterVersion:
         raise CorruptAdapter(f"packed adapter has no {MANIFEST_FILE}")
     version = version_from_manifest(packed[MANIFEST_FILE], Path(), "packed adapter")
     where = f"packed adapter {version.name}"
-    if set(packed) != {*ADAPTER_FILES, MANIFEST_FILE}:
-        raise CorruptAdapter(f"{where}: expected files {sorted({*ADAPTER_FILES, MANIFEST_FILE})}, got {sorted(packed)}")
+    expected = {*(f.name for f in version.files), MANIFEST_FILE}  # the PEFT files, perhaps the canary
+    if set(packed) != expected:
+        raise CorruptAdapter(f"{where}: expected files {sorted(expected)}, got {sorted(packed)}")
     for f in version.files:
         data = packed[f.name]
         if len(data) != f.size or hashlib.sha256(data).hexdigest() != f.sha256:
