@@ -12,6 +12,11 @@ are re-hashed on every load, checked against the fingerprint pinned when the ver
 and against the served base model (name and weight shapes), and vLLM is given the replica's private
 copy of exactly the verified bytes (it re-reads the path after its own cache evicts an adapter).
 Each adapter has its own load lock, so a cold load never holds up requests for other adapters.
+
+A version published with a canary (`diprl.inference.canary`) is then proven by its behaviour: right
+after vLLM loads it, its canary requests go through the engine's normal generate path (prefix cache
+included) and their greedy tokens and log-probabilities must match the learner's. A version that
+does not is unloaded and refused (`CanaryMismatch`) to every request for it, for the replica's life.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -36,6 +43,15 @@ from diprl.inference.adapters import (
     parse_policy_ref,
 )
 from diprl.inference.adapters.private import PrivateCopies
+from diprl.inference.canary import (
+    CANARY_FILE,
+    TOLERANCE,
+    Canary,
+    CanaryMismatch,
+    CorruptCanary,
+    check_canary,
+    compare_canary,
+)
 from diprl.inference.concurrency import KeyedLocks, Occupancy
 from diprl.inference.config import ServerConfig
 from diprl.inference.engine import sampled_logprobs, start_async_engine
@@ -119,6 +135,12 @@ class PolicyEngine:
         self.dead: str | None = None  # why the engine is unusable; health checks fail from then on
         self.failed_requests = 0
         self.occupancy = Occupancy()
+        self.canary_tolerance = TOLERANCE
+        self.canary_checks = 0
+        self.canary_failures = 0
+        self.canary_seconds = 0.0
+        self.canary_errors: dict[str, float] = {}  # per version checked: its canary error (inf: tokens differ)
+        self._refused: dict[str, str] = {}  # versions whose canary failed: why, answered to every request
 
     # ------------------------------------------------------------ adapters
     def _verified_copy(self, name: str) -> tuple[AdapterVersion, Path]:
@@ -137,10 +159,14 @@ class PolicyEngine:
         ref = parse_policy_ref(policy)
         if ref is None:
             return None
+        if ref.name in self._refused:
+            raise CanaryMismatch(self._refused[ref.name])
         loaded = self._loras.get(ref.name)
         if loaded is None:
             async with self._loading.hold(ref.name):
                 loaded = self._loras.get(ref.name)  # a request that held the lock before us loaded it
+                if ref.name in self._refused:  # or found it refused by its canary
+                    raise CanaryMismatch(self._refused[ref.name])
                 if loaded is None:
                     loaded = await self._load(ref.name)
                     self._loras[ref.name] = loaded
@@ -232,7 +258,79 @@ class PolicyEngine:
                 raise
             self._note_engine_failure(exc)
             raise AdapterError(f"{name} could not be loaded by the engine: {_error(exc)}") from exc
+        try:
+            await self._check_canary(version, path, lora)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.engine.remove_lora(lora.lora_int_id), timeout)
+            self.private.release(version.fingerprint)
+            raise
         return LoadedAdapter(lora, version.fingerprint)
+
+    async def _check_canary(self, version: AdapterVersion, path: Path, lora: Any) -> None:
+        """Serve the version's canary (if it has one) and refuse the version unless it matches.
+
+        The canary is read from the private copy (the bytes that matched the pin) and sent as ordinary
+        greedy constrained requests with the version's LoRA, side by side with live traffic. A mismatch
+        or a corrupt canary refuses the version for good; an engine failure fails this load only."""
+        if version.canary_file is None:
+            return  # published before canaries, or by a publisher that made none: bytes checks only
+        name = version.name
+        started = time.perf_counter()
+        try:
+            canary = Canary.from_bytes(await asyncio.to_thread((path / CANARY_FILE).read_bytes), name)
+            prepared = [self._validate_and_prepare(item.request(name))[1:] for item in canary.items]
+        except (CorruptCanary, RequestError) as exc:
+            self._refuse(name, f"{name}: its canary cannot be served ({_error(exc)}); refused", math.inf)
+            raise CanaryMismatch(self._refused[name]) from None
+        ids = [uuid.uuid4().hex for _ in prepared]
+        try:
+            with self.occupancy.busy():
+                finals = await asyncio.wait_for(
+                    asyncio.gather(
+                        *(self._run(p, params, i, lora) for (p, params), i in zip(prepared, ids, strict=True))
+                    ),
+                    self.config.request_timeout_s,
+                )
+        except TimeoutError:
+            for engine_id in ids:
+                with contextlib.suppress(Exception):
+                    await self.engine.abort(engine_id)
+            raise AdapterError(
+                f"{name}: its canary was not served within {self.config.request_timeout_s:g} s"
+            ) from None
+        except Exception as exc:
+            self._note_engine_failure(exc)
+            raise AdapterError(f"{name}: serving its canary failed: {_error(exc)}") from exc
+        finally:
+            self.canary_seconds += time.perf_counter() - started
+        tokens = [list(f.outputs[0].token_ids) for f in finals]
+        logprobs = [sampled_logprobs(t, f.outputs[0].logprobs) for t, f in zip(tokens, finals, strict=True)]
+        check = compare_canary(canary, tokens, logprobs)
+        self.canary_checks += 1
+        self.canary_errors[name] = check.error
+        try:
+            check_canary(name, check, self.canary_tolerance)
+        except CanaryMismatch as exc:
+            self._refuse(name, str(exc), check.error)
+            raise
+        log.info("%s: canary matched (%s)", name, check.detail)
+
+    def _refuse(self, name: str, why: str, error: float) -> None:
+        self.canary_failures += 1
+        self.canary_errors[name] = error
+        self._refused[name] = why
+        log.error("%s", why)
+
+    def canary_stats(self) -> dict[str, Any]:
+        """Canary metrics of this replica: checks, failures, probe seconds, each checked version's error."""
+        return {
+            "canary_checks": self.canary_checks,
+            "canary_failures": self.canary_failures,
+            "canary_seconds": self.canary_seconds,
+            "canary_errors": dict(self.canary_errors),
+            "canary_refused": sorted(self._refused),
+        }
 
     def _release_abandoned_copy(self, copying: asyncio.Future[tuple[AdapterVersion, Path]]) -> None:
         if not copying.cancelled() and copying.exception() is None:

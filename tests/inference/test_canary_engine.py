@@ -1,0 +1,87 @@
+"""The real CPU engine proves each version it loads by its canary: the learner's greedy canary of the
+published weights is reproduced by vLLM within the tolerance, and a version whose weights are not the
+ones its canary was made with (a stale adapter published under a new name) is refused, alone; a
+version published without a canary is served as before. One engine for the module."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+
+from diprl.game import DiplomacyGame
+from diprl.inference.adapters import AdapterStore
+from diprl.inference.canary import TOLERANCE, canary_prompts
+from diprl.inference.config import ServerConfig
+from diprl.learn.canary import learner_canary
+from diprl.policy.models import random_lora_model
+from diprl.policy.tokenizer import load_tokenizer
+from diprl.policy.vocab import token_table
+
+from .lora_fixtures import tiny_base_path
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """Two rounds of requests answered by one engine over a store holding an honest version, a stale
+    one and one without a canary, and the engine's canary metrics."""
+    from diprl.inference.policy_engine import PolicyEngine
+
+    root = tmp_path_factory.mktemp("canary-engine")
+    base = tiny_base_path()
+    tokenizer = load_tokenizer(base)
+    prompts = canary_prompts(tokenizer)
+    store = AdapterStore(root / "store")
+    trained, other = random_lora_model(1), random_lora_model(2)
+    table = token_table(tokenizer, trained.config.vocab_size)
+    canary = learner_canary(trained, table, prompts).to_bytes()
+    store.publish("p", trained, base_model=str(base), canary=canary)  # p@v1: honest
+    store.publish("p", other, base_model=str(base), canary=canary)  # p@v2: stale weights under a new name
+    store.publish("q", other, base_model=str(base))  # q@v1: published before canaries
+    game = DiplomacyGame()
+    legal = game.legal_orders("FRANCE").to_dict()
+    requests = [{"policy": name, "prompt": "A PAR", "legal": legal} for name in ("p@v1", "p@v2", "q@v1")]
+    config = ServerConfig(
+        model=str(base),
+        dtype="float32",
+        adapter_root=str(root / "store"),
+        adapter_cache=str(root / "cache"),
+        max_num_seqs=8,
+    )
+
+    async def serve() -> tuple[list[Any], list[Any], dict[str, Any]]:
+        engine = PolicyEngine(config)
+        try:
+            first = await engine.generate(requests)
+            again = await engine.generate(requests[1:2])
+            return first, again, {**engine.canary_stats(), "loaded": engine.loaded()}
+        finally:
+            engine.shutdown()
+
+    threads = torch.get_num_threads()
+    try:
+        return asyncio.run(serve())
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_published_canary_is_reproduced_by_the_engine(served: tuple[list[Any], list[Any], dict[str, Any]]) -> None:
+    first, _, stats = served
+    assert first[0].error is None and first[0].complete
+    assert stats["canary_errors"]["p@v1"] <= TOLERANCE
+    assert first[2].error is None and first[2].complete  # no canary: the bytes checks alone, as before
+
+
+def test_a_stale_adapter_under_a_new_name_is_refused_and_unloaded(
+    served: tuple[list[Any], list[Any], dict[str, Any]],
+) -> None:
+    first, again, stats = served
+    assert first[1].error is not None and first[1].error.startswith("CanaryMismatch: p@v2:")
+    assert again[0].error == first[1].error  # refused for good, without another probe
+    assert stats["canary_checks"] == 2 and stats["canary_failures"] == 1
+    assert stats["canary_refused"] == ["p@v2"] and stats["canary_errors"]["p@v2"] > TOLERANCE
+    assert "p@v2" not in stats["loaded"]
