@@ -83,11 +83,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from diprl.bench.learner import make_groups
     from diprl.learn.config import LearnerConfig
     from diprl.learn.learner import Learner
+    from diprl.policy.models import load_preset, resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
 
     spoilers = _spoilers()
     kinds = list(spoilers)
-    tokenizer = load_tokenizer()
+    tokenizer = load_tokenizer(resolve_model_path(load_preset(LearnerConfig().model)))  # the learner's own
     states = mid_game_states(args.groups * args.steps, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="diprl-bench-faults-") as tmp:
         config = LearnerConfig(
