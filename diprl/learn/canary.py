@@ -15,6 +15,7 @@ spinning threads took 9.5 s for what one does in 0.2 s.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,9 +23,9 @@ import numpy as np
 
 from diprl.inference.canary import CANARY_MAX_TOKENS, Canary, CanaryItem, CanaryPrompt, canary_prompts
 from diprl.policy.constraint import OrderConstraint
-from diprl.policy.vocab import TokenTable
+from diprl.policy.vocab import TokenTable, token_table
 
-__all__ = ["canary_bytes", "learner_canary"]
+__all__ = ["canary_bytes", "learner_canary", "version_canary"]
 
 
 class _Constrained:
@@ -95,3 +96,24 @@ def learner_canary(model: Any, table: TokenTable, prompts: Sequence[CanaryPrompt
 def canary_bytes(model: Any, table: TokenTable, tokenizer: Any) -> bytes:
     """What `AdapterStore.publish(..., canary=)` takes: the fixed canary set decoded by `model`."""
     return learner_canary(model, table, canary_prompts(tokenizer)).to_bytes()
+
+
+@functools.lru_cache(maxsize=4)
+def _canary_inputs(model_path: str, vocab_size: int | None) -> tuple[TokenTable, tuple[CanaryPrompt, ...]]:
+    from diprl.policy.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    return token_table(tokenizer, vocab_size), tuple(canary_prompts(tokenizer))
+
+
+def version_canary(model: Any, preset: Any, zero_stage: int) -> bytes | None:
+    """The canary to publish with `model`'s current weights on `preset`'s base (the tokenizer and the
+    canary set are made once per process), or None under ZeRO-3, whose partitioned base weights one
+    rank cannot decode with alone: such versions are checked by their bytes only."""
+    if zero_stage == 3:
+        return None
+    from diprl.policy.models import resolve_model_path
+
+    vocab_size = preset.tiny.vocab_size if preset.tiny is not None else None
+    table, prompts = _canary_inputs(str(resolve_model_path(preset)), vocab_size)
+    return learner_canary(model, table, prompts).to_bytes()

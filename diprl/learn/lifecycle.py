@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from diprl.inference.adapters import AdapterError, AdapterStore, InvalidAdapterName, parse_policy_ref
+from diprl.learn.canary import version_canary
 from diprl.learn.checkpoint import Checkpoint, CheckpointDir, Restored
 from diprl.learn.config import LearnerConfig
 from diprl.learn.model import base_model_name, lora_state, read_adapter_dir, whole_lora
@@ -204,11 +205,13 @@ class Lifecycle:
         policy = self.config.policy
 
         def write() -> str:
+            # The weights' canary travels in the version: a replica refuses the version unless it reproduces it.
+            canary = version_canary(model.peft, self.preset, self.config.zero_stage)
             if self.registry is not None:
                 from diprl.inference.registry import publish_everywhere
 
-                return str(publish_everywhere(self.store, policy, model.peft, self.registry).name)
-            return self.store.publish(policy, model.peft, base_model=base_model_name(self.preset)).name
+                return str(publish_everywhere(self.store, policy, model.peft, self.registry, canary=canary).name)
+            return self.store.publish(policy, model.peft, base_model=base_model_name(self.preset), canary=canary).name
 
         with whole_lora(model.peft):  # every rank: rank 0 saves whole weights
             _, number = self.dist.rank0_writes(
