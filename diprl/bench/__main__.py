@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "faults": "diprl.bench.faults",
     "experience": "diprl.bench.experience",
     "strength": "diprl.bench.strength",
+    "canary": "diprl.bench.canary",
 }
 
 

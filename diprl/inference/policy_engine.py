@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import time
@@ -38,6 +39,7 @@ from diprl.inference.adapters import (
     AdapterError,
     AdapterStore,
     AdapterVersion,
+    CorruptAdapter,
     LocalAdapterCache,
     check_compatible,
     parse_policy_ref,
@@ -259,7 +261,7 @@ class PolicyEngine:
             self._note_engine_failure(exc)
             raise AdapterError(f"{name} could not be loaded by the engine: {_error(exc)}") from exc
         try:
-            await self._check_canary(version, path, lora)
+            await self._check_canary(version, lora)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.engine.remove_lora(lora.lora_int_id), timeout)
@@ -267,18 +269,24 @@ class PolicyEngine:
             raise
         return LoadedAdapter(lora, version.fingerprint)
 
-    async def _check_canary(self, version: AdapterVersion, path: Path, lora: Any) -> None:
+    async def _check_canary(self, version: AdapterVersion, lora: Any) -> None:
         """Serve the version's canary (if it has one) and refuse the version unless it matches.
 
-        The canary is read from the private copy (the bytes that matched the pin) and sent as ordinary
+        The canary is read from the verified version (its hash checked again) and sent as ordinary
         greedy constrained requests with the version's LoRA, side by side with live traffic. A mismatch
         or a corrupt canary refuses the version for good; an engine failure fails this load only."""
-        if version.canary_file is None:
+        expected = version.canary_file
+        if expected is None:
             return  # published before canaries, or by a publisher that made none: bytes checks only
         name = version.name
         started = time.perf_counter()
+        # Read from the verified version, never from the path vLLM was handed: were that the wrong copy (a
+        # reload that never happened), its own canary would match it.
+        data = await asyncio.to_thread((version.path / CANARY_FILE).read_bytes)
+        if len(data) != expected.size or hashlib.sha256(data).hexdigest() != expected.sha256:
+            raise CorruptAdapter(f"{name}: its {CANARY_FILE} changed after it was verified")
         try:
-            canary = Canary.from_bytes(await asyncio.to_thread((path / CANARY_FILE).read_bytes), name)
+            canary = Canary.from_bytes(data, name)
             prepared = [self._validate_and_prepare(item.request(name))[1:] for item in canary.items]
         except (CorruptCanary, RequestError) as exc:
             self._refuse(name, f"{name}: its canary cannot be served ({_error(exc)}); refused", math.inf)

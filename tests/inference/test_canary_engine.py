@@ -1,6 +1,7 @@
 """The real CPU engine proves each version it loads by its canary: the learner's greedy canary of the
 published weights is reproduced by vLLM within the tolerance, and a version whose weights are not the
-ones its canary was made with (a stale adapter published under a new name) is refused, alone; a
+ones its canary was made with (a stale adapter published under a new name, a reload that was skipped)
+is refused, alone; a
 version published without a canary is served as before. One engine for the module."""
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[An
     store.publish("p", trained, base_model=str(base), canary=canary)  # p@v1: honest
     store.publish("p", other, base_model=str(base), canary=canary)  # p@v2: stale weights under a new name
     store.publish("q", other, base_model=str(base))  # q@v1: published before canaries
+    store.publish("r", trained, base_model=str(base), canary=canary)  # r@v1: honest, but its reload is skipped
     game = DiplomacyGame()
     legal = game.legal_orders("FRANCE").to_dict()
-    requests = [{"policy": name, "prompt": "A PAR", "legal": legal} for name in ("p@v1", "p@v2", "q@v1")]
+    requests = [{"policy": name, "prompt": "A PAR", "legal": legal} for name in ("p@v1", "p@v2", "q@v1", "r@v1")]
     config = ServerConfig(
         model=str(base),
         dtype="float32",
@@ -53,8 +55,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[An
         max_num_seqs=8,
     )
 
+    class SkipsAReload(PolicyEngine):
+        """Hands vLLM q@v1's copy for r@v1, as a replica that never reloaded would serve old weights."""
+
+        def _verified_copy(self, name: str) -> Any:
+            version, path = super()._verified_copy(name)
+            if name != "r@v1":
+                return version, path
+            self.private.release(version.fingerprint)
+            return version, self.private.acquire(store.resolve("q@v1"))
+
     async def serve() -> tuple[list[Any], list[Any], dict[str, Any]]:
-        engine = PolicyEngine(config)
+        engine = SkipsAReload(config)
         try:
             first = await engine.generate(requests)
             again = await engine.generate(requests[1:2])
@@ -82,6 +94,14 @@ def test_a_stale_adapter_under_a_new_name_is_refused_and_unloaded(
     first, again, stats = served
     assert first[1].error is not None and first[1].error.startswith("CanaryMismatch: p@v2:")
     assert again[0].error == first[1].error  # refused for good, without another probe
-    assert stats["canary_checks"] == 2 and stats["canary_failures"] == 1
-    assert stats["canary_refused"] == ["p@v2"] and stats["canary_errors"]["p@v2"] > TOLERANCE
+    assert stats["canary_checks"] == 3 and stats["canary_failures"] == 2
+    assert stats["canary_refused"] == ["p@v2", "r@v1"] and stats["canary_errors"]["p@v2"] > TOLERANCE
     assert "p@v2" not in stats["loaded"]
+
+
+def test_a_skipped_reload_is_refused_though_the_copy_handed_to_vllm_checks_out(
+    served: tuple[list[Any], list[Any], dict[str, Any]],
+) -> None:
+    first, _, stats = served
+    assert first[3].error is not None and first[3].error.startswith("CanaryMismatch: r@v1:")
+    assert "r@v1" not in stats["loaded"]

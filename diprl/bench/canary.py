@@ -1,0 +1,205 @@
+"""Canary benchmark: do canaries catch a replica serving other weights than those trained, and what do they cost?
+
+    python -m diprl.bench canary [--steps 3] [--groups 2] [--forks 4] [--seed 0]
+
+A tiny-model learner takes `--steps` GRPO steps, publishing a version (with its canary) after each:
+those versions are the clean run, and each must be served with no canary alarm. Then faults are
+injected, each a way for a replica to serve weights other than the version's while every byte check
+passes:
+
+- `stale`: the previous version's weights published under a new name, with the new weights' canary
+  (a learner that saved the wrong buffer);
+- `base`: the version's LoRA with `lora_B` zeroed, so it computes the base model (base weights served
+  for an adapter);
+- `reload_skipped`: the replica hands vLLM the previous version's copy for a new version (a reload that
+  never happened);
+- `prefix_reuse`: an adapter re-registered under the same name and path with new weights while prefix
+  caching is on (vLLM #42125: blocks computed with the old weights can be reused). The canary prompts
+  are several cache blocks long, so a reused block shows. If this vLLM does not reuse them, the served
+  output is the new weights' and there is no fault to catch: `prefix_reuse_seen=0` says so, and it is
+  not counted as injected.
+
+Costs: the learner's canary (decode of the canary set, in the publish) against the mean step (which
+includes it), and the replica's probe per version. Last line: `canary_caught=<n>/<n injected>
+canary_false_alarms=<n> canary_cost=<learner canary s / step s>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _zero_b_dir(version_dir: Path, out: Path) -> Path:
+    """A copy of a version's PEFT files whose `lora_B` weights are zero: the adapter computes the base."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    shutil.copyfile(version_dir / "adapter_config.json", out / "adapter_config.json")
+    tensors = load_file(str(version_dir / "adapter_model.safetensors"))
+    save_file({k: (v * 0 if "lora_B" in k else v) for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))
+    return out
+
+
+def _peft_files(version_dir: Path, out: Path) -> Path:
+    out.mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copyfile(version_dir / name, out / name)
+    return out
+
+
+def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Learner steps publishing canaried versions; their step and canary seconds."""
+    import torch
+
+    from diprl.bench.constraint import mid_game_states
+    from diprl.bench.learner import make_groups
+    from diprl.learn.canary import version_canary
+    from diprl.learn.config import LearnerConfig
+    from diprl.learn.learner import Learner
+    from diprl.policy.models import resolve_model_path
+    from diprl.policy.tokenizer import load_tokenizer
+
+    config = LearnerConfig(lr=3e-2, max_grad_norm=0.0, checkpoint_every=0, publish_every=1, groups_per_step=args.groups)
+    learner = Learner(config, tmp / "run", tmp / "adapters")
+    tokenizer = load_tokenizer(resolve_model_path(learner.preset))
+    states = mid_game_states(args.groups * (args.steps + 1), seed=args.seed)
+    steps, canaries = [], []
+    for step in range(args.steps + 1):
+        chunk = states[step * args.groups : (step + 1) * args.groups]
+        groups = make_groups(
+            chunk, args.forks, [learner.latest_version()] * args.groups, learner.table, tokenizer, step
+        )
+        t0 = time.perf_counter()
+        learner.train_step(groups)
+        elapsed = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        version_canary(learner.peft, learner.preset, config.zero_stage)  # what the publish inside the step did
+        if step > 0:  # the first step warms up
+            steps.append(elapsed)
+            canaries.append(time.perf_counter() - t0)
+    from diprl.inference.adapters import AdapterStore
+
+    versions = [r.name for r in AdapterStore(tmp / "adapters").versions(config.policy)]
+    model_path = str(resolve_model_path(learner.preset))
+    learner.engine.destroy()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    return {"versions": versions, "step_s": steps, "canary_s": canaries, "model": model_path}
+
+
+def inject(store: Any, versions: list[str], model: str, tmp: Path) -> dict[str, str]:
+    """Publish the store-level faults; returns fault -> the version name that carries it."""
+    from diprl.inference.canary import CANARY_FILE
+
+    last, previous = store.resolve(versions[-1]), store.resolve(versions[-2])
+    canary = (last.path / CANARY_FILE).read_bytes()
+    stale = store.publish("main", _peft_files(previous.path, tmp / "stale"), base_model=model, canary=canary)
+    base = store.publish("main", _zero_b_dir(last.path, tmp / "base"), base_model=model, canary=canary)
+    # a new version whose replica will be handed the previous version's copy
+    skipped = store.publish("main", _peft_files(last.path, tmp / "skipped"), base_model=model, canary=canary)
+    return {"stale": stale.name, "base": base.name, "reload_skipped": skipped.name}
+
+
+async def serve(config: Any, clean: list[str], faults: dict[str, str], store: Any, tmp: Path) -> dict[str, Any]:
+    from vllm.lora.request import LoRARequest
+
+    from diprl.inference.policy_engine import PolicyEngine
+
+    skipped_as = store.resolve(clean[-2])
+
+    class SkipsAReload(PolicyEngine):
+        def _verified_copy(self, name: str) -> Any:
+            version, path = super()._verified_copy(name)
+            if name == faults["reload_skipped"]:  # the old copy for the new name
+                self.private.release(version.fingerprint)
+                return version, self.private.acquire(skipped_as)
+            return version, path
+
+    engine = SkipsAReload(config)
+    out: dict[str, Any] = {"alarms": {}, "probe_s": []}
+    try:
+        for name in [*clean, *faults.values()]:
+            before = engine.canary_seconds
+            result = (await engine.generate([{"policy": name, "prompt": "A PAR", "max_tokens": 1}]))[0]
+            out["alarms"][name] = result.error is not None and result.error.startswith("CanaryMismatch")
+            out["probe_s"].append(engine.canary_seconds - before)
+        out["stats"] = engine.canary_stats()
+        # prefix_reuse: one name and path, first with the previous weights (their canary prompts cached), then
+        # re-registered with the last weights; the canary is the last weights'.
+        last, previous = store.resolve(clean[-1]), store.resolve(clean[-2])
+        shared = tmp / "reused"
+        _peft_files(previous.path, shared)
+        first = LoRARequest("reused@v1", 10_001, str(shared))
+        await engine.engine.add_lora(first)
+        with contextlib.suppress(Exception):  # the previous weights' own canary: only what it caches matters
+            await engine._check_canary(previous, first)
+        await engine.engine.remove_lora(first.lora_int_id)
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copyfile(last.path / name, shared / name)
+        again = LoRARequest("reused@v1", 10_002, str(shared))
+        await engine.engine.add_lora(again)
+        failures = engine.canary_failures
+        with contextlib.suppress(Exception):
+            await engine._check_canary(last, again)
+        out["prefix_reuse_seen"] = engine.canary_failures > failures
+    finally:
+        engine.shutdown()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diprl.bench canary", description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed learner steps (after one warm-up step)")
+    parser.add_argument("--groups", type=int, default=2, help="groups per learner step")
+    parser.add_argument("--forks", type=int, default=4, help="records per group")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    import torch
+
+    from diprl.inference.adapters import AdapterStore
+    from diprl.inference.config import ServerConfig
+
+    with tempfile.TemporaryDirectory(prefix="diprl-bench-canary-") as name:
+        tmp = Path(name)
+        trained = train(args, tmp)
+        store = AdapterStore(tmp / "adapters")
+        clean = [v for v in trained["versions"] if store.resolve(v).canary_file is not None]
+        faults = inject(store, clean, trained["model"], tmp)
+        config = ServerConfig(
+            model=trained["model"],
+            dtype="float32",
+            adapter_root=str(tmp / "adapters"),
+            adapter_cache=str(tmp / "cache"),
+            max_num_seqs=8,
+            loaded_adapters=2,
+        )
+        threads = torch.get_num_threads()
+        try:
+            served = asyncio.run(serve(config, clean, faults, store, tmp))
+        finally:
+            torch.set_num_threads(threads)
+    alarms = served["alarms"]
+    false_alarms = sum(alarms[v] for v in clean)
+    caught = {fault: alarms[name] for fault, name in faults.items()}
+    injected = len(faults) + int(served["prefix_reuse_seen"])
+    n_caught = sum(caught.values()) + int(served["prefix_reuse_seen"])
+    step_s, canary_s = statistics.mean(trained["step_s"]), statistics.mean(trained["canary_s"])
+    probe_s = served["probe_s"][1 : len(clean)] or served["probe_s"]  # the first load also warms the engine up
+    print(f"clean versions: {', '.join(clean)}; canary errors: {served['stats']['canary_errors']}")
+    for fault, name in faults.items():
+        print(f"fault {fault:15s} as {name}: {'caught' if caught[fault] else 'MISSED'}")
+    seen = int(served["prefix_reuse_seen"])
+    print(f"fault prefix_reuse: the re-registered adapter served other than its new weights: {seen}")
+    print(
+        f"learner step {step_s:.3f} s (publish and its canary included), learner canary {canary_s:.3f} s, "
+        f"replica probe {statistics.mean(probe_s):.3f} s a version ({statistics.mean(probe_s) / step_s:.3f} of a step)"
+    )
+    print(f"canary_caught={n_caught}/{injected} canary_false_alarms={false_alarms} canary_cost={canary_s / step_s:.3f}")
+    return 0 if n_caught == injected and false_alarms == 0 else 1
