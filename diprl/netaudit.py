@@ -24,7 +24,6 @@ connection stayed on this machine. Needs root (for the namespace), `unshare`, `i
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import re
 import shlex
@@ -35,6 +34,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from diprl.ports import is_loopback
 
 TOOLS = ("unshare", "ip", "strace")
 _LINE = re.compile(r"^(?P<pid>\d+)\s+(?P<call>\w+)\((?P<args>.*)$")
@@ -92,16 +93,6 @@ def missing_tools() -> list[str]:
     if os.geteuid() != 0:
         missing.append("root (for unshare -n)")
     return missing
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
 
 
 def _short(argv: str) -> str:

@@ -7,7 +7,6 @@ name, instead of as an engine error minutes later on a replica.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
 import os
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from diprl.ports import is_loopback
 from diprl.structured_config import CONF_DIR, load_structured
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -56,15 +56,6 @@ ENGINE_MANAGED = frozenset(
 order constraint off would break every request, silently)."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 log = logging.getLogger(__name__)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass

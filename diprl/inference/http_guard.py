@@ -17,7 +17,6 @@ page. So, as `diprl.web.auth` does for the web app:
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 from dataclasses import dataclass
@@ -27,18 +26,11 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from diprl.ports import is_loopback
+
 TOKEN_ENV = "DIPRL_POLICY_TOKEN"
 MIN_TOKEN_CHARS = 16
 _MAX_TOKEN_BYTES = 4096
-
-
-def _loopback_name(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def route_token(token_file: str | None) -> str | None:
@@ -78,7 +70,7 @@ class RouteGuard:
     def check(self, request: Request) -> JSONResponse | None:
         """None when `request` may go on; else the OpenAI-shaped refusal to send."""
         host = request.headers.get("host", "")
-        if self.loopback_hosts_only and not _loopback_name(urlsplit(f"//{host}").hostname or ""):
+        if self.loopback_hosts_only and not is_loopback(urlsplit(f"//{host}").hostname or ""):
             return refusal(
                 403,
                 f"this server answers only on a loopback address, not {host[:80]!r} (a rebound DNS name?)",

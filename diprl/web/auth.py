@@ -21,7 +21,6 @@ that the pages run only this origin's scripts (`SecurityHeaders`, `CONTENT_SECUR
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,8 @@ from urllib.parse import urlencode, urlsplit
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from diprl.ports import is_loopback
 
 TOKEN_ENV = "DIPRL_WEB_TOKEN"
 COOKIE = "diprl_token"
@@ -82,16 +83,6 @@ class SecurityHeaders:
 
 class TokenRequired(ValueError):
     """The address needs a token and none was given, or the token is too short to protect anything."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and `localhost`; any other name or address counts as exposed."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token_file(path: Path) -> str:

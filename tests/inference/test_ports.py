@@ -35,3 +35,12 @@ def test_serve_policy_fails_fast_on_a_port_another_process_holds(
     with pytest.raises(OSError, match=f"127.0.0.1:{busy_port}: the port is already in use"):
         deploy.serve_policy(ServerConfig(port=busy_port))
     assert started == []  # refused before Serve was asked to bind anything
+
+
+def test_one_loopback_test_for_every_server_and_the_audit() -> None:
+    from diprl.ports import is_loopback
+
+    for host in ("localhost", "127.0.0.1", "127.3.4.5", "::1", "[::1]", "::ffff:127.0.0.1"):
+        assert is_loopback(host), host
+    for host in ("0.0.0.0", "::", "10.0.0.1", "::ffff:10.0.0.1", "example.com", "", "localhost.example"):
+        assert not is_loopback(host), host
