@@ -17,39 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from diprl.game import PowerOrders
 from diprl.imitation.teacher import TeacherExample
 from diprl.policy.constraint import OrderConstraint
+from diprl.policy.logprobs import ConstraintLogitsProcessor
 from diprl.policy.vocab import TokenTable
-
-
-class ConstraintLogitsProcessor:
-    """A transformers logits processor: in each row, only what the row's constraint allows next.
-
-    `generate` calls it with the prompt (left-padded to a common width) plus what was generated so far.
-    A row that has written EOS is finished: `generate` overwrites its later tokens with padding, and
-    the processor leaves it EOS only (any allowed id would do; one keeps the row finite).
-    """
-
-    def __init__(self, constraints: Sequence[OrderConstraint], prompt_width: int, eos_id: int) -> None:
-        self.constraints = list(constraints)
-        self.prompt_width = prompt_width
-        self.eos = np.array([eos_id], dtype=np.int64)
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        from diprl.policy.logprobs import mask_rows_
-
-        generated = input_ids[:, self.prompt_width :].tolist()
-        eos = int(self.eos[0])
-        allowed = []
-        for constraint, ids in zip(self.constraints, generated, strict=True):
-            if eos in ids:
-                allowed.append(self.eos)
-            else:
-                allowed.append(constraint.allowed_token_ids(ids))
-        return mask_rows_(scores, range(len(allowed)), allowed)
 
 
 def greedy_completions(

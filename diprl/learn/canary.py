@@ -19,31 +19,12 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from diprl.inference.canary import CANARY_MAX_TOKENS, Canary, CanaryItem, CanaryPrompt, canary_prompts
 from diprl.policy.constraint import OrderConstraint
+from diprl.policy.logprobs import ConstraintLogitsProcessor
 from diprl.policy.vocab import TokenTable, token_table
 
 __all__ = ["canary_bytes", "learner_canary", "version_canary"]
-
-
-class _Constrained:
-    """A transformers logits processor: each row allows only what its constraint allows next (EOS once done)."""
-
-    def __init__(self, constraints: Sequence[OrderConstraint], prompt_width: int, eos_id: int) -> None:
-        self.constraints = list(constraints)
-        self.prompt_width = prompt_width
-        self.eos_id = eos_id
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        from diprl.policy.logprobs import mask_rows_
-
-        allowed = []
-        for constraint, ids in zip(self.constraints, input_ids[:, self.prompt_width :].tolist(), strict=True):
-            done = self.eos_id in ids
-            allowed.append(np.array([self.eos_id]) if done else constraint.allowed_token_ids(ids))
-        return mask_rows_(scores, range(len(allowed)), allowed)
 
 
 def learner_canary(model: Any, table: TokenTable, prompts: Sequence[CanaryPrompt], pad_id: int | None = None) -> Canary:
@@ -57,7 +38,7 @@ def learner_canary(model: Any, table: TokenTable, prompts: Sequence[CanaryPrompt
     device = next(model.parameters()).device
     ids = torch.tensor([[pad] * (width - len(p.prompt_ids)) + list(p.prompt_ids) for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in prompts], device=device)
-    processor = _Constrained([OrderConstraint(p.legal, table) for p in prompts], width, table.eos_id)
+    processor = ConstraintLogitsProcessor([OrderConstraint(p.legal, table) for p in prompts], width, table.eos_id)
     config = GenerationConfig(
         do_sample=False,
         num_beams=1,

@@ -9,9 +9,13 @@ logits, so both sides compute the same thing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from diprl.policy.constraint import OrderConstraint
 
 
 def allowed_mask(allowed: Sequence[np.ndarray], vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -56,3 +60,28 @@ def constrained_logprobs(
         logits = logits.masked_fill(~mask, float("-inf"))
     logp = torch.log_softmax(logits / temperature, dim=-1)
     return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+class ConstraintLogitsProcessor:
+    """A transformers logits processor: in each row, only what the row's constraint allows next.
+
+    `generate` calls it with the prompt (left-padded to a common width) plus what was generated so far.
+    A row that has written EOS is finished: `generate` overwrites its later tokens with padding, and
+    the processor leaves it EOS only (any allowed id would do; one keeps the row finite).
+    """
+
+    def __init__(self, constraints: Sequence[OrderConstraint], prompt_width: int, eos_id: int) -> None:
+        self.constraints = list(constraints)
+        self.prompt_width = prompt_width
+        self.eos = np.array([eos_id], dtype=np.int64)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        generated = input_ids[:, self.prompt_width :].tolist()
+        eos = int(self.eos[0])
+        allowed = []
+        for constraint, ids in zip(self.constraints, generated, strict=True):
+            if eos in ids:
+                allowed.append(self.eos)
+            else:
+                allowed.append(constraint.allowed_token_ids(ids))
+        return mask_rows_(scores, range(len(allowed)), allowed)

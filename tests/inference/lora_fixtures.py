@@ -47,12 +47,18 @@ def serve_in_process(config: ServerConfig, requests: Sequence[GenerationRequest 
     """What the PolicyServer deployment's engine (`PolicyEngine`, the code each replica runs) answers to
     `requests`, started in this process and shut down afterwards: the served side of a parity test, without
     Ray Serve. torch's thread count is put back afterwards, because vLLM pins it to one thread in-process."""
+    return run_engine(config, lambda engine: engine.generate(list(requests)))
+
+
+def run_engine(config: ServerConfig, work: Any, engine_class: Any = None) -> Any:
+    """`await work(engine)` on a `PolicyEngine` (or `engine_class`) started in this process and shut down
+    afterwards, torch's thread count put back (vLLM pins it to one thread in-process)."""
     from diprl.inference.policy_engine import PolicyEngine
 
-    async def serve() -> list[Generation]:
-        engine = PolicyEngine(config)
+    async def serve() -> Any:
+        engine = (engine_class or PolicyEngine)(config)
         try:
-            return await engine.generate(list(requests))
+            return await work(engine)
         finally:
             engine.shutdown()
 

@@ -6,11 +6,9 @@ version published without a canary is served as before. One engine for the modul
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
-import torch
 
 from diprl.game import DiplomacyGame
 from diprl.inference.adapters import AdapterStore
@@ -21,7 +19,7 @@ from diprl.policy.models import random_lora_model
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
 
-from .lora_fixtures import tiny_base_path
+from .lora_fixtures import run_engine, tiny_base_path
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -65,20 +63,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[An
             self.private.release(version.fingerprint)
             return version, self.private.acquire(store.resolve("q@v1"))
 
-    async def serve() -> tuple[list[Any], list[Any], dict[str, Any]]:
-        engine = SkipsAReload(config)
-        try:
-            first = await engine.generate(requests)
-            again = await engine.generate(requests[1:2])
-            return first, again, {**engine.canary_stats(), "loaded": engine.loaded()}
-        finally:
-            engine.shutdown()
+    async def work(engine: Any) -> tuple[list[Any], list[Any], dict[str, Any]]:
+        first = await engine.generate(requests)
+        again = await engine.generate(requests[1:2])
+        return first, again, {**engine.canary_stats(), "loaded": engine.loaded()}
 
-    threads = torch.get_num_threads()
-    try:
-        return asyncio.run(serve())
-    finally:
-        torch.set_num_threads(threads)
+    result: tuple[list[Any], list[Any], dict[str, Any]] = run_engine(config, work, SkipsAReload)
+    return result
 
 
 def test_the_published_canary_is_reproduced_by_the_engine(served: tuple[list[Any], list[Any], dict[str, Any]]) -> None:
