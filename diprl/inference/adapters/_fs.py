@@ -81,6 +81,13 @@ def copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def read_bytes(path: Path, limit: int = -1) -> bytes:
+    """The bytes of a regular file (at most `limit` of them), opened without following a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(limit)
+
+
 def sha256_file(path: Path) -> str:
     """SHA-256 of a regular file, opened without following a symlink (a link swapped in is an error)."""
     digest = hashlib.sha256()

@@ -63,15 +63,21 @@ def _marker(root: Path) -> Path:
     return _key_home() / "keyed-stores" / digest
 
 
-def _read_key(path: Path) -> bytes | None:
+def _read_small(path: Path, limit: int, cannot: str) -> bytes | None:
+    """Up to `limit` bytes of `path` (a link is not followed), None when it is missing; `CorruptAdapter`
+    saying `cannot` (what could not be read) when it is unreadable."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        return _fs.read_bytes(path, limit)
     except FileNotFoundError:
         return None
     except OSError as err:
-        raise CorruptAdapter(f"cannot read the pin key {path} ({err.strerror})") from None
-    with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(129)
+        raise CorruptAdapter(f"{cannot} {path} ({err.strerror})") from None
+
+
+def _read_key(path: Path) -> bytes | None:
+    raw = _read_small(path, 129, "cannot read the pin key")
+    if raw is None:
+        return None
     if not _KEY_RE.fullmatch(raw):
         raise CorruptAdapter(f"the pin key {path} is not a key (64 hex digits)")
     return raw.strip()
@@ -156,14 +162,9 @@ def read_pin(root: Path, ref: AdapterRef) -> str | None:
     """The pin of `ref` (a MAC, or a plain fingerprint in a store made before keyed pins), or None when there
     is none; `CorruptAdapter` when it is unreadable."""
     path = pin_path(root, ref)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
+    raw = _read_small(path, _MAX_PIN_BYTES + 1, f"{ref.name}: cannot read its pin")
+    if raw is None:
         return None
-    except OSError as err:
-        raise CorruptAdapter(f"{ref.name}: cannot read its pin {path} ({err.strerror})") from None
-    with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(_MAX_PIN_BYTES + 1)
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:

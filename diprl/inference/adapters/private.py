@@ -27,12 +27,6 @@ from diprl.inference.adapters.manifest import AdapterVersion
 from diprl.inference.adapters.names import CorruptAdapter
 
 
-def _read_nofollow(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
-
-
 class PrivateCopies:
     """Content-addressed copies of verified versions under a directory private to this process.
 
@@ -70,7 +64,7 @@ class PrivateCopies:
                 for f in version.files:
                     source = version.path / f.name
                     try:
-                        data = _read_nofollow(source)
+                        data = _fs.read_bytes(source)
                     except OSError as err:
                         raise CorruptAdapter(f"{version.name}: cannot read {source} ({err.strerror})") from None
                     if len(data) != f.size or hashlib.sha256(data).hexdigest() != f.sha256:
