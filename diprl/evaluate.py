@@ -36,7 +36,7 @@ from diprl.eval.suite import SuiteConfig
 from diprl.inference.adapters import IncompatibleAdapter
 from diprl.messages import PolicyRef
 from diprl.rollout.clients import PolicyClient
-from diprl.structured_config import read_command_line
+from diprl.structured_config import Command
 
 if TYPE_CHECKING:
     from diprl.inference.config import ServerConfig
@@ -174,9 +174,8 @@ def run(plan: Plan, client: PolicyClient | None = None) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None, client: PolicyClient | None = None) -> int:
     """Entry point; `client` replaces the local PolicyServer (tests, callers inside a Ray cluster)."""
     have_client = client is not None
-    plan = read_command_line(
-        PROG, __doc__, argv, option_help, lambda args: make_plan(load_evaluate_config(args), have_client)
-    )
+    command = Command(PROG, __doc__, lambda args: make_plan(load_evaluate_config(args), have_client), option_help)
+    plan = command.read(argv)
     if isinstance(plan, int):
         return plan
     quiet_libraries(plan.config.verbose)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -112,49 +112,50 @@ def option_lines(defaults: DataclassInstance, names: Sequence[str] | None = None
     return lines
 
 
-def read_command_line(
-    prog: str,
-    usage: str | None,
-    argv: Sequence[str] | None,
-    options: Callable[[], list[str]],
-    load: Callable[[list[str]], T],
-) -> T | int:
-    """What a `key=value` command is to run, or its exit status when it runs nothing.
+@dataclass(frozen=True)
+class Command(Generic[T]):
+    """A `key=value` command: its name, its usage text, how its options load into a config, and what
+    `--help` lists (`options`; None: every field of `load([])`, the YAML's defaults). One place, so that
+    every command answers help and mistakes alike."""
 
-    `-h`, `--help` or `help` prints `usage` and `options()` and gives 0; a bad option (`load` raises a
-    `ValueError`, a `ConfigError` among them, or an `OSError`, such as an unwritable output path) is one
-    line on stderr and gives 2. `argv` None reads `sys.argv`. One place, so that every command answers
-    help and mistakes alike.
-    """
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help", "help") for a in args):
-        print(usage)
-        print("options (key=default):")
-        print("\n".join(options()))
+    prog: str
+    usage: str | None
+    load: Callable[[list[str]], T]
+    options: Callable[[], list[str]] | None = None
+
+    def read(self, argv: Sequence[str] | None) -> T | int:
+        """What the command is to run, or its exit status when it runs nothing.
+
+        `-h`, `--help` or `help` prints the usage and the options and gives 0; a bad option (`load` raises a
+        `ValueError`, a `ConfigError` among them, or an `OSError`, such as an unwritable output path) is one
+        line on stderr and gives 2. `argv` None reads `sys.argv`.
+        """
+        args = list(sys.argv[1:] if argv is None else argv)
+        if any(a in ("-h", "--help", "help") for a in args):
+            print(self.usage)
+            print("options (key=default):")
+            print("\n".join(self.options() if self.options is not None else self._default_options()))
+            return 0
+        try:
+            return self.load(args)
+        except (ValueError, OSError) as exc:
+            print(f"{self.prog}: error: {exc}", file=sys.stderr)
+            return 2
+
+    def run(self, argv: Sequence[str] | None, report: Callable[[T], list[str]]) -> int:
+        """The command end to end: its options read as `read` reads them, library logs quieted unless the
+        config says `verbose`, then `report(config)` run and its lines printed. 0 after a run."""
+        from diprl.console import quiet_libraries
+
+        config = self.read(argv)
+        if isinstance(config, int):
+            return config
+        quiet_libraries(bool(getattr(config, "verbose", False)))
+        print("\n".join(report(config)))
         return 0
-    try:
-        return load(args)
-    except (ValueError, OSError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
 
-
-def run_command(
-    prog: str,
-    usage: str | None,
-    argv: Sequence[str] | None,
-    options: Callable[[], list[str]],
-    load: Callable[[list[str]], T],
-    report: Callable[[T], list[str]],
-) -> int:
-    """A `key=value` command end to end: its options read as `read_command_line` reads them (help, and one
-    line for a mistake), library logs quieted unless the config says `verbose`, then `report(config)` run
-    and its lines printed. 0 after a run."""
-    from diprl.console import quiet_libraries
-
-    config = read_command_line(prog, usage, argv, options, load)
-    if isinstance(config, int):
-        return config
-    quiet_libraries(bool(getattr(config, "verbose", False)))
-    print("\n".join(report(config)))
-    return 0
+    def _default_options(self) -> list[str]:
+        defaults = self.load([])
+        if not is_dataclass(defaults) or isinstance(defaults, type):
+            raise TypeError(f"{self.prog}: its config is not a dataclass; give the command its options")
+        return option_lines(defaults)

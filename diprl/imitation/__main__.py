@@ -23,10 +23,10 @@ PROG = "python -m diprl.imitation"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: 0 after the run or `--help`, 2 after a bad option (said on stderr)."""
-    from diprl.imitation.config import load_imitate_config, option_help
-    from diprl.structured_config import run_command
+    from diprl.imitation.config import load_imitate_config
+    from diprl.structured_config import Command
 
-    return run_command(PROG, __doc__, argv, option_help, load_imitate_config, _run)
+    return Command(PROG, __doc__, load_imitate_config).run(argv, _run)
 
 
 def _run(config: ImitateConfig) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from diprl.imitation.data import TeacherConfig
 from diprl.learn.config import LearnerConfig
-from diprl.structured_config import ConfigError, compose_structured, option_lines
+from diprl.structured_config import ConfigError, compose_structured
 
 SCHEMA_NAME = "imitate_schema"
 
@@ -55,11 +55,6 @@ class ImitateConfig:
             problems.append(f"threads must be >= 0, got {self.threads}")
         if problems:
             raise ConfigError("imitation config: " + "; ".join(problems))
-
-
-def option_help() -> list[str]:
-    """`key=default` for every option, nested ones dotted, for `--help`: the YAML's defaults, not the schema's."""
-    return option_lines(load_imitate_config([]))
 
 
 def load_imitate_config(overrides: Sequence[str], conf_dir: Path | None = None) -> ImitateConfig:

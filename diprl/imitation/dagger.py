@@ -34,7 +34,7 @@ from typing import Any
 
 from diprl.imitation.pretrain import PretrainConfig
 from diprl.imitation.teacher import Decision, TeacherExample, label_decision, teacher_bot
-from diprl.structured_config import ConfigError, compose_structured, option_lines
+from diprl.structured_config import Command, ConfigError, compose_structured
 
 PROG = "python -m diprl.imitation.dagger"
 SCHEMA_NAME = "dagger_schema"
@@ -226,15 +226,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def option_help() -> list[str]:
-    return option_lines(load_dagger_config([]))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: 0 after the run or `--help`, 2 after a bad option (said on stderr)."""
-    from diprl.structured_config import run_command
-
-    return run_command(PROG, __doc__, argv, option_help, load_dagger_config, lambda c: summary_lines(run(c)))
+    return Command(PROG, __doc__, load_dagger_config).run(argv, lambda c: summary_lines(run(c)))
 
 
 if __name__ == "__main__":

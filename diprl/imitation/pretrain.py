@@ -29,7 +29,7 @@ from typing import Any
 
 from diprl.imitation.data import TeacherConfig
 from diprl.imitation.teacher import TeacherExample
-from diprl.structured_config import ConfigError, compose_structured, option_lines
+from diprl.structured_config import Command, ConfigError, compose_structured
 
 PROG = "python -m diprl.imitation.pretrain"
 SCHEMA_NAME = "pretrain_schema"
@@ -291,15 +291,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def option_help() -> list[str]:
-    return option_lines(load_pretrain_config([]))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: 0 after the run or `--help`, 2 after a bad option (said on stderr)."""
-    from diprl.structured_config import run_command
-
-    return run_command(PROG, __doc__, argv, option_help, load_pretrain_config, lambda c: summary_lines(run(c)))
+    return Command(PROG, __doc__, load_pretrain_config).run(argv, lambda c: summary_lines(run(c)))
 
 
 if __name__ == "__main__":
