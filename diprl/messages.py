@@ -11,7 +11,8 @@ route, quarantine files, traces).
 A `PolicyRef` names who plays a seat, as a string: `bot:<name>` (a rule bot), `base` (the bare base
 model), `<policy>@v<N>` (an immutable adapter version) or `zoo:<name>` (a policy shipped in the
 repository's `zoo/`, with the model preset it plays on). `PolicyRef.parse` is the only code that
-reads that grammar; everything else asks the parsed object. Adapter paths are built from its
+reads that grammar; everything else asks the parsed object (a match's seats hold parsed refs, made
+text again only where JSON is written: `seat_texts`). Adapter paths are built from its
 validated parts only, so no string that reaches a server can name a file.
 
 This module is the bottom layer: it imports nothing of diprl.
@@ -138,6 +139,16 @@ class PolicyRef:
 BASE_REF = PolicyRef(RefKind.BASE)
 
 
+def parse_seats(texts: Mapping[str, str]) -> dict[str, PolicyRef]:
+    """Power -> PolicyRef from power -> text (a config, a league's saved state, a JSON file)."""
+    return {power: PolicyRef.parse(text) for power, text in texts.items()}
+
+
+def seat_texts(seats: Mapping[str, PolicyRef]) -> dict[str, str]:
+    """Power -> text, for JSON: the one place refs become strings again."""
+    return {power: str(ref) for power, ref in seats.items()}
+
+
 def validate_policy_name(policy: object) -> str:
     """`policy` if it can name adapter versions (`<policy>@v1` parses), else `UnknownPolicyRef`."""
     if not isinstance(policy, str) or "@" in policy or policy == BASE:
@@ -219,23 +230,24 @@ class Match:
     """
 
     match_id: str
-    seats: Mapping[str, str]  # power -> PolicyRef
+    seats: Mapping[str, PolicyRef]  # power -> who plays it
     hero: str
     seed: int
     train: tuple[str, ...] = ()
     start: str = ""
 
     def __post_init__(self) -> None:
+        _check_seats(self.seats, self.match_id)
         if self.hero not in self.seats:
             raise ValueError(f"hero {self.hero!r} has no seat in match {self.match_id}")
         for power in self.train:
             if power not in self.seats:
                 raise ValueError(f"trained seat {power!r} has no seat in match {self.match_id}")
-            if not PolicyRef.parse(self.seats[power]).is_adapter:
+            if not self.seats[power].is_adapter:
                 raise ValueError(f"seat {power} of match {self.match_id} plays {self.seats[power]}: nothing to train")
 
     def ref(self, power: str) -> PolicyRef:
-        return PolicyRef.parse(self.seats[power])
+        return self.seats[power]
 
     @property
     def trains(self) -> bool:
@@ -248,7 +260,7 @@ class MatchResult:
 
     match_id: str
     fork: int
-    seats: Mapping[str, str]
+    seats: Mapping[str, PolicyRef]
     hero: str
     centres: Mapping[str, int]
     ranks: Mapping[str, int]
@@ -256,8 +268,18 @@ class MatchResult:
     solo: str | None
     forks: int = 1  # G: the league weighs each fork's result 1/G
 
+    def __post_init__(self) -> None:
+        _check_seats(self.seats, self.match_id)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "seats": seat_texts(self.seats)}
+
+
+def _check_seats(seats: Mapping[str, PolicyRef], match_id: str) -> None:
+    """A seat given as text (or anything else) is a caller that skipped the parser: said at once, by name."""
+    for power, ref in seats.items():
+        if not isinstance(ref, PolicyRef):
+            raise TypeError(f"seat {power} of match {match_id} must be a PolicyRef, got {ref!r:.80} (PolicyRef.parse)")
 
 
 # ------------------------------------------------------------------------------------------ training

@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from diprl.messages import Match, MatchReport, PlayCounts
+from diprl.messages import Match, MatchReport, PlayCounts, PolicyRef
 from diprl.run.journal import Journal
 from diprl.run.matches import MatchScheduler, ServingFailed
 from diprl.run.progress import RunStats
 from diprl.run.rundir import Counters
 from diprl.tracking import Tracker
 
-SEATS = {p: "main@v1" for p in ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")}
+POWERS = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
+SEATS = dict.fromkeys(POWERS, PolicyRef.parse("main@v1"))
 
 
 class Ref:

@@ -11,10 +11,12 @@ from diprl.messages import (
     Generation,
     GenerationRequest,
     Match,
+    MatchResult,
     PolicyRef,
     RefKind,
     TrajectoryGroup,
     UnknownPolicyRef,
+    parse_seats,
     validate_policy_name,
 )
 
@@ -77,9 +79,11 @@ def test_predicates_and_policy() -> None:
 
 
 def test_match_checks_its_seats() -> None:
-    seats = {"FRANCE": "main@v2", "ENGLAND": "bot:random"}
+    seats = parse_seats({"FRANCE": "main@v2", "ENGLAND": "bot:random"})
     match = Match("m0", seats, hero="FRANCE", seed=1, train=("FRANCE",))
     assert match.trains and match.ref("ENGLAND").is_bot
+    with pytest.raises(TypeError, match=r"ENGLAND .* must be a PolicyRef"):
+        Match("m3", {"FRANCE": PolicyRef.parse("main@v2"), "ENGLAND": "bot:random"}, hero="FRANCE", seed=1)
     with pytest.raises(ValueError, match="no seat"):
         Match("m1", seats, hero="ITALY", seed=1)
     with pytest.raises(ValueError, match="nothing to train"):
@@ -94,3 +98,8 @@ def test_wire_forms() -> None:
     failed = Generation.failed("main@v1", "UnknownAdapter: no such version")
     assert not failed.trainable and failed.bad
     assert pickle.loads(pickle.dumps(answer)) == answer
+    seats = parse_seats({"FRANCE": "main@v2", "ENGLAND": "bot:random"})
+    centres, ranks = {"FRANCE": 5, "ENGLAND": 4}, {"FRANCE": 1, "ENGLAND": 2}
+    result = MatchResult("m0", 0, seats, "FRANCE", centres, ranks, "W1901A", None)
+    assert result.to_dict()["seats"] == {"FRANCE": "main@v2", "ENGLAND": "bot:random"}  # refs are text only in JSON
+    assert pickle.loads(pickle.dumps(result)) == result

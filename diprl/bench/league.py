@@ -36,7 +36,7 @@ from diprl.game.scoring import ranks
 from diprl.league.config import LeagueConfig
 from diprl.league.manager import LeagueManager
 from diprl.league.payoff import Payoff
-from diprl.messages import MatchResult
+from diprl.messages import MatchResult, PolicyRef
 
 CYCLE = 3.0  # c: weight of the style (non-transitive) part
 ANCHORS: dict[str, tuple[float, float]] = {  # ref -> (s, theta)
@@ -76,7 +76,7 @@ class Learner:
         self.s = self.s_max * (1.0 - math.exp(-self.steps / self.tau))
 
 
-def _result(match_id: str, seats: dict[str, str], hero: str, hero_won: float) -> MatchResult:
+def _result(match_id: str, seats: dict[str, PolicyRef], hero: str, hero_won: float) -> MatchResult:
     centres = {p: (6 if hero_won else 1) if p == hero else 3 for p in seats}
     return MatchResult(
         match_id=match_id,
@@ -107,8 +107,8 @@ def run_league(
     kinds, worst, picks = [], [], []
     for t in range(matches):
         match = manager.next_match("main")
-        opponents = {ref for p, ref in match.seats.items() if p != match.hero}
-        me = match.seats[match.hero]
+        opponents = {str(ref) for p, ref in match.seats.items() if p != match.hero}
+        me = str(match.seats[match.hero])
         opp_latents = [learner.latent() if ref == me else latents[ref] for ref in opponents]
         kind = "self_play" if opponents == {me} else "anchor" if opponents <= set(ANCHORS) else "snapshot"
         kinds.append(kind)

@@ -35,7 +35,10 @@ def bot_matches(n: int, seed: int) -> list[Match]:
     mix = ["bot:dumbbot", "bot:random", "bot:dumbbot", "bot:random", "bot:dumbbot", "bot:random", "bot:dumbbot"]
     return [
         Match(
-            f"bots{seed}-{i}", {p: mix[(i + j) % 7] for j, p in enumerate(powers)}, powers[i % 7], seed * 1_000_003 + i
+            f"bots{seed}-{i}",
+            {p: PolicyRef.parse(mix[(i + j) % 7]) for j, p in enumerate(powers)},
+            powers[i % 7],
+            seed * 1_000_003 + i,
         )
         for i in range(n)
     ]
@@ -46,10 +49,7 @@ def bare_game_layer(matches: Sequence[Match], phases: dict[str, int], max_year: 
     total, start = 0, time.perf_counter()
     for match in matches:
         rng = random.Random(match.seed)
-        agents = {
-            p: make_agent(PolicyRef.parse(ref).name, seed=rng.randrange(2**31))
-            for p, ref in sorted(match.seats.items())
-        }
+        agents = {p: make_agent(ref.name, seed=rng.randrange(2**31)) for p, ref in sorted(match.seats.items())}
         game = DiplomacyGame(max_year=max_year)
         for _ in range(phases[match.match_id]):
             if game.is_done:

@@ -44,7 +44,7 @@ from diprl.league.ratings import Ratings
 from diprl.league.role_state import STATE_VERSION, RoleState, VersionDecision, upgrade_state
 from diprl.league.roles import MAIN, ROLE_TABLE, trained_seats
 from diprl.league.snapshot import should_snapshot
-from diprl.messages import Match, MatchResult, PolicyRef, UnknownPolicyRef
+from diprl.messages import Match, MatchResult, PolicyRef, UnknownPolicyRef, parse_seats, seat_texts
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class LeagueManager:
         counts = self.counts.setdefault(policy, {k: 0 for k in KINDS})
         counts[pick.kind] = counts.get(pick.kind, 0) + 1
         self._save()
-        return Match(match_id=match_id, seats=seats, hero=hero_power, seed=seed, train=train)
+        return Match(match_id=match_id, seats=parse_seats(seats), hero=hero_power, seed=seed, train=train)
 
     def report(self, results: Sequence[MatchResult]) -> None:
         """The `MatchResult`s of played matches: all G forks of a match in one call, each weighing 1/G.
@@ -564,7 +564,7 @@ class LeagueManager:
         if isinstance(n_forks, bool) or not isinstance(n_forks, int) or n_forks < 1:
             raise ValueError(f"match {match_id}: forks must be a positive int (G), got {n_forks!r}")
         for result in results:
-            seats = dict(result.seats)
+            seats = seat_texts(result.seats)  # as `pending` keeps them (JSON) and members are named
             for name, value in (("seats", result.seats), ("centres", result.centres), ("ranks", result.ranks)):
                 if sorted(value) != sorted(POWERS):
                     raise ValueError(f"match {match_id}: {name} must name the seven powers, got {sorted(value)}")

@@ -30,7 +30,7 @@ from diprl.bots.base import Agent
 from diprl.game import DiplomacyGame, PhaseKind
 from diprl.game.replay import to_saved_game
 from diprl.game.scoring import ranks
-from diprl.messages import Match, MatchResult, PlayCounts, TrainingRecord, TrajectoryGroup, group_id
+from diprl.messages import Match, MatchResult, PlayCounts, TrainingRecord, TrajectoryGroup, group_id, seat_texts
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.credit import CreditAssigner
 from diprl.rollout.lockstep import PhaseOutcome, SeedFn, Table, TemperatureFn, Turn, request_seed
@@ -273,7 +273,7 @@ class Episode:
         if advantages is None:
             out.counts.skipped_zero_variance += 1
             return None, per_fork
-        version = match.seats[power]
+        version = str(match.seats[power])
         records: list[TrainingRecord] = []
         all_turns = self.credit.cfg.train_turns == "all"
         for k, advantage in zip(compared, advantages, strict=True):
@@ -431,7 +431,7 @@ def _trace(
     return {
         "match": {
             "match_id": match.match_id,
-            "seats": dict(match.seats),
+            "seats": seat_texts(match.seats),
             "hero": hero,
             "seed": match.seed,
             "train": list(match.train),

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from diprl.bots.base import Agent
 from diprl.game import DiplomacyGame, PhaseRecord
-from diprl.messages import Generation, GenerationRequest, LegalOrders
+from diprl.messages import Generation, GenerationRequest, LegalOrders, PolicyRef
 from diprl.policy.prompt import build_prompt
 
 
@@ -71,7 +71,7 @@ class Table:
     """
 
     game: DiplomacyGame
-    seats: Mapping[str, str]
+    seats: Mapping[str, PolicyRef | str]  # text where the caller holds text (the web's seats, the suite's specs)
     bots: Mapping[str, Agent]
     temperature: float = 1.0
     max_tokens: int = 384
@@ -81,7 +81,7 @@ class Table:
     def request(self, power: str) -> GenerationRequest:
         game = self.game
         return GenerationRequest(
-            policy=self.seats[power],
+            policy=str(self.seats[power]),
             prompt=build_prompt(game, power).text,
             legal=game.legal_orders(power).to_dict(),
             temperature=self.temperature if self.temperature_of is None else self.temperature_of(power, game.phase),

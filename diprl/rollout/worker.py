@@ -62,11 +62,12 @@ def stratified_matches(
     n: int, hero_policy: str, opponents: Sequence[str], seed: int = 0, prefix: str = "m"
 ) -> Iterator[Match]:
     """Matches whose hero power cycles through all seven powers, so every batch covers every start."""
-    from diprl.messages import PolicyRef
+    from diprl.messages import PolicyRef, parse_seats
 
     trains = PolicyRef.parse(hero_policy).is_adapter
     for i in range(n):
-        hero, seats = rotated_seats(i, hero_policy, opponents)
+        hero, texts = rotated_seats(i, hero_policy, opponents)
+        seats = parse_seats(texts)
         yield Match(f"{prefix}{seed}-{i}", seats, hero=hero, seed=game_seed(seed, i), train=(hero,) * trains)
 
 

@@ -27,7 +27,7 @@ def test_health_from_the_first_matches_leaves_out_what_was_not_played(tmp_path: 
     manager = league(tmp_path, anchors=["bot:random", "bot:dumbbot", "base"], main=ONLY_ANCHORS, decay=1.0)
     for _ in range(12):
         match = manager.next_match("main")
-        opponent = next(ref for p, ref in match.seats.items() if p != match.hero)
+        opponent = next(str(ref) for p, ref in match.seats.items() if p != match.hero)
         if opponent != "base":
             manager.report(hero_wins(match) if opponent == "bot:random" else hero_loses(match))
     record = manager.health()

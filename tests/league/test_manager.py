@@ -15,7 +15,7 @@ from diprl.league.config import LeagueExploiterConfig, MainRoleConfig
 from diprl.league.members import POWERS
 from diprl.league.persist import PREVIOUS_FILE, STATE_FILE, CorruptLeagueState
 from diprl.league.role_state import VersionDecision
-from diprl.messages import UnknownPolicyRef
+from diprl.messages import BASE_REF, PolicyRef, UnknownPolicyRef, seat_texts
 
 from .helpers import hero_loses, hero_wins, results_for
 
@@ -34,8 +34,8 @@ def test_hero_power_is_stratified_and_seats_hold_refs(tmp_path: Path) -> None:
     matches = [manager.next_match("main") for _ in range(21)]
     assert Counter(m.hero for m in matches) == dict.fromkeys(POWERS, 3)
     for m in matches:
-        assert m.seats[m.hero] == "main@v1" and m.trains
-        assert set(m.seats.values()) <= {"main@v1", "bot:random", "bot:dumbbot", "base"}
+        assert str(m.seats[m.hero]) == "main@v1" and m.trains
+        assert set(seat_texts(m.seats).values()) <= {"main@v1", "bot:random", "bot:dumbbot", "base"}
     assert len({m.match_id for m in matches}) == 21
 
 
@@ -93,8 +93,8 @@ def test_snapshot_rule_through_the_manager(tmp_path: Path) -> None:
 def test_main_exploiter_resets_when_it_beats_main_and_on_timeout(tmp_path: Path) -> None:
     manager = league(tmp_path, roles=["main", "main_exploiter"], snapshot_steps=10)
     match = manager.next_match("main_exploiter")
-    assert set(match.seats.values()) == {"main@v1", "main_exploiter@v1"}
-    assert match.seats[match.hero] == "main_exploiter@v1"
+    assert set(seat_texts(match.seats).values()) == {"main@v1", "main_exploiter@v1"}
+    assert str(match.seats[match.hero]) == "main_exploiter@v1"
     for _ in range(3):
         manager.report(hero_wins(manager.next_match("main_exploiter")))
     answer = manager.register_version("main_exploiter", "main_exploiter@v2", 10)
@@ -197,7 +197,7 @@ def test_unknown_refs_and_bad_options_are_clear_errors(tmp_path: Path) -> None:
         manager.register_version("main", "other@v2", 1)
     match = manager.next_match("main")
     result = results_for(match, lambda p, ref: 3)[0]
-    stranger = replace(result, match_id="elsewhere-1", seats=dict.fromkeys(POWERS, "bot:hold"))
+    stranger = replace(result, match_id="elsewhere-1", seats=dict.fromkeys(POWERS, PolicyRef.parse("bot:hold")))
     with pytest.raises(UnknownPolicyRef, match="not an anchor"):
         manager.report([stranger])
     with pytest.raises(TypeError, match="MatchResult objects, got dict"):
@@ -205,7 +205,7 @@ def test_unknown_refs_and_bad_options_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="seven powers"):
         manager.report([replace(result, centres={"AUSTRIA": 3})])
     with pytest.raises(ValueError, match="differ"):
-        manager.report([replace(result, seats=dict.fromkeys(POWERS, "base"))])
+        manager.report([replace(result, seats=dict.fromkeys(POWERS, BASE_REF))])
     for bad in (
         {"roles": ["main", "coach"]},
         {"roles": ["main_exploiter"]},
@@ -266,7 +266,7 @@ def test_self_play_matches_are_reported_whatever_the_hero_power(tmp_path: Path) 
     matches = [manager.next_match("main") for _ in range(7)]
     assert {m.hero for m in matches} == set(POWERS)
     for match in matches:
-        assert set(match.seats.values()) == {"main@v1"}
+        assert set(seat_texts(match.seats).values()) == {"main@v1"}
         manager.report(hero_wins(match))
     assert manager.summary()["reported"]["matches"] == 7
 

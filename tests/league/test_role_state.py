@@ -12,7 +12,7 @@ from diprl.league import LeagueConfig, LeagueManager
 from diprl.league.members import POWERS
 from diprl.league.persist import STATE_FILE, load_state, save_state
 from diprl.league.role_state import STATE_VERSION, LeagueStateError, RoleState, VersionDecision
-from diprl.messages import Match
+from diprl.messages import Match, PolicyRef, seat_texts
 
 from .helpers import hero_wins
 
@@ -44,9 +44,10 @@ def test_a_state_file_from_before_the_typed_roles_loads_and_continues(tmp_path: 
     assert manager.pending_reset("main_exploiter")
     assert manager.register_version("main", "main@v2", 4) == VersionDecision(True, False, "main@v2", 4, 0.5)
     nxt = [manager.next_match(p) for p in V1_CONFIG.roles for _ in range(2)]
-    assert [[m.match_id, dict(m.seats), m.hero, m.seed] for m in nxt] == expected["next"]
+    assert [[m.match_id, seat_texts(m.seats), m.hero, m.seed] for m in nxt] == expected["next"]
     before = manager.summary()["reported"]["matches"]
-    handed_out = Match("main-3", dict.fromkeys(POWERS, "main@v2"), "TURKEY", 0)  # before the upgrade, unreported
+    # handed out before the upgrade, unreported
+    handed_out = Match("main-3", dict.fromkeys(POWERS, PolicyRef.parse("main@v2")), "TURKEY", 0)
     manager.report(hero_wins(handed_out))
     assert manager.summary()["reported"]["matches"] == before + 1
 

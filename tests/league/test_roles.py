@@ -11,6 +11,7 @@ from diprl.league.config import MainRoleConfig
 from diprl.league.matchmaking import ANCHORS, OPPONENT_SEATS, Pick
 from diprl.league.members import POWERS
 from diprl.league.roles import ROLE_TABLE, Role, exploiter_roles, trained_seats
+from diprl.messages import seat_texts
 
 from .helpers import hero_wins
 
@@ -67,22 +68,22 @@ def test_the_league_fills_match_train_from_its_members(tmp_path: Path) -> None:
 
     exploiter = league(tmp_path / "c", roles=["main", "main_exploiter"])
     match = exploiter.next_match("main_exploiter")
-    assert match.seats[match.hero] == "main_exploiter@v1" and len(match.train) == 7  # the hero + main's six
+    assert str(match.seats[match.hero]) == "main_exploiter@v1" and len(match.train) == 7  # the hero + main's six
 
     anchors = league(tmp_path / "d", anchors=["bot:dumbbot"], main=MainRoleConfig(anchors=1.0))
     match = anchors.next_match("main")
-    assert set(match.seats.values()) == {"main@v1", "bot:dumbbot"} and match.train == (match.hero,)
+    assert set(seat_texts(match.seats).values()) == {"main@v1", "bot:dumbbot"} and match.train == (match.hero,)
 
 
 def test_a_pfsp_match_against_a_snapshot_of_the_current_version_trains_the_hero_only(tmp_path: Path) -> None:
     manager = league(tmp_path, anchors=[], main=PFSP_ONLY, snapshot_steps=1)
     assert manager.register_version("main", "main@v2", 2).snapshot  # the pool is main@v2 alone
     match = manager.next_match("main")
-    assert set(match.seats.values()) == {"main@v2"}  # seven equal refs, but six seats are the snapshot
+    assert set(seat_texts(match.seats).values()) == {"main@v2"}  # seven equal refs, but six seats are the snapshot
     assert match.train == (match.hero,)
     manager.register_version("main", "main@v3", 3)
     match = manager.next_match("main")
-    assert match.seats[match.hero] == "main@v3" and match.train == (match.hero,)
+    assert str(match.seats[match.hero]) == "main@v3" and match.train == (match.hero,)
 
 
 def test_train_seats_is_validated() -> None:
@@ -116,7 +117,7 @@ def test_a_new_role_is_one_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     manager = league(tmp_path, roles=["main", "sparring"], anchors=["bot:dumbbot"], snapshot_steps=10)
     for _ in range(3):
         match = manager.next_match("sparring")
-        assert set(match.seats.values()) == {"sparring@v1", "bot:dumbbot"} and match.train == (match.hero,)
+        assert set(seat_texts(match.seats).values()) == {"sparring@v1", "bot:dumbbot"} and match.train == (match.hero,)
         manager.report(hero_wins(match))
     decision = manager.register_version("sparring", "sparring@v2", 10)
     assert decision.snapshot and decision.reset and decision.win_rate == 1.0

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from diprl.game import PowerOrders
-from diprl.messages import Generation, GenerationRequest, Match, TrainingRecord
+from diprl.messages import Generation, GenerationRequest, Match, TrainingRecord, parse_seats
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.models import load_preset, logits_width, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
@@ -53,7 +53,7 @@ def _run(episode: Episode, match: Match, client: Any = None) -> EpisodeOutput:
 
 def _match(seed: int, hero: str = "FRANCE", main_seats: Sequence[str] = ("FRANCE",), trained: bool = True) -> Match:
     seats = {p: "bot:random" for p in POWERS} | {p: "main@v2" for p in main_seats}
-    return Match(f"t{seed}", seats, hero=hero, seed=seed, train=tuple(main_seats) if trained else ())
+    return Match(f"t{seed}", parse_seats(seats), hero=hero, seed=seed, train=tuple(main_seats) if trained else ())
 
 
 def _check_records(records: list[TrainingRecord]) -> None:

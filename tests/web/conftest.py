@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from diprl.messages import Generation, GenerationRequest
+from diprl.messages import Generation, GenerationRequest, parse_seats
 from diprl.rollout.clients import PolicyClient, UniformConstrainedClient
 from diprl.web import WebHandle, start_web
 from tests.eval.conftest import CHAR_TABLE
@@ -124,7 +124,7 @@ def _trace(run_dir: Path) -> str:
     client = UniformConstrainedClient(CHAR_TABLE, seed=2, tokenizer=SimpleNamespace(encode=lambda text: [1, 2, 3]))
     episode = Episode(config, Rubric(load_reward_config("default")), CreditAssigner(), CHAR_TABLE)
     seats = {p: "bot:random" for p in POWERS} | {"FRANCE": "main@v2", "ITALY": "main@v2"}
-    match = Match(match_id="main-7", seats=seats, hero="FRANCE", seed=7, train=("FRANCE", "ITALY"))
+    match = Match(match_id="main-7", seats=parse_seats(seats), hero="FRANCE", seed=7, train=("FRANCE", "ITALY"))
     [out], _ = play_matches(episode, [match], client)
     assert out.trace is not None
     (run_dir / "traces").mkdir()
