@@ -337,6 +337,7 @@ class PlaySession:
         write_file_atomic(self.directory / "game.json", json.dumps(self.meta(), indent=1).encode())
 
 
+@dataclass(eq=False)
 class PlayRoom:
     """The games being played in this server, by id; each is saved under `<runs>/play/<id>/`.
 
@@ -345,23 +346,14 @@ class PlayRoom:
     seats on one server (each of their moves holds a worker thread while the server answers).
     """
 
-    def __init__(
-        self,
-        runs_dir: Path,
-        client_for: ClientFor,
-        max_sessions: int = 64,
-        max_llm_sessions: int = 8,
-        idle_s: float = 3600.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.runs_dir = runs_dir
-        self.client_for = client_for
-        self.max_sessions = max_sessions
-        self.max_llm_sessions = max_llm_sessions
-        self.idle_s = idle_s
-        self.clock = clock
-        self.sessions: dict[str, PlaySession] = {}
-        self._lock = threading.Lock()
+    runs_dir: Path
+    client_for: ClientFor
+    max_sessions: int = 64
+    max_llm_sessions: int = 8
+    idle_s: float = 3600.0
+    clock: Callable[[], float] = time.monotonic
+    sessions: dict[str, PlaySession] = field(default_factory=dict, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def _evict_idle(self) -> None:
         """Drop games nobody touched for `idle_s` (caller holds `_lock`)."""
