@@ -335,9 +335,9 @@ def test_the_league_summary_is_replaced_atomically(tmp_path: Path, monkeypatch: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["league_summary.json", "train_state.json"]
 
 
-def _learner_steps(run_dir: Path, name: str = "metrics.jsonl") -> list[int]:
+def _learner_steps(run_dir: Path, name: str = "metrics.jsonl", policy: str = "main") -> list[int]:
     records = read_metrics(run_dir / name)  # trained steps (a restarted learner may log its publish, trained 0)
-    return [r["step"] for r in records if r["kind"] == "learner" and r["policy"] == "main" and r.get("trained", 1)]
+    return [r["step"] for r in records if r["kind"] == "learner" and r["policy"] == policy and r.get("trained", 1)]
 
 
 def _start_train(args: list[str], out: Path) -> subprocess.Popen[bytes]:
@@ -466,3 +466,30 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     assert league["current"]["main"] == newest.meta["version"] == f"main@v{versions[-1]}"
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
     assert evals[-1]["step"] == steps[-1]  # the final evaluation ran after the signal
+
+
+@pytest.mark.slow
+def test_a_league_trained_by_one_learner_host_survives_its_kill_and_counts_each_role_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The three roles of `league=league` on one learner process (`learner.adapters_per_actor=3`), the host
+    killed after main's first step: it restarts, each adapter resumes at its own checkpoint, and every
+    role's steps are logged once, in order, all from one process at a time."""
+    run_dir = tmp_path / "run"
+    roles = ("main", "main_exploiter", "league_exploiter")
+    host = "learners-" + "+".join(roles)
+    args = ["+experiment=smoke", "league=league", "learner.adapters_per_actor=3", "train.dashboard=false"]
+    args += ["inference.port=0", f"train.run_dir={run_dir}", f"train.chaos=[{host}]", "train.max_steps=4"]
+    assert main(args) == 0
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert {r["killed"] for r in records if r["kind"] == "fault" and "killed" in r} == {host}
+    steps = {role: _learner_steps(run_dir, policy=role) for role in roles}
+    assert steps["main"] == [1, 2, 3, 4]
+    for role in roles:
+        assert steps[role] == list(range(1, len(steps[role]) + 1)), (role, steps)  # once each, in order
+        assert (run_dir / "checkpoints" / role).is_dir()
+    assert steps["main_exploiter"] or steps["league_exploiter"], "an exploiter stepped"
+    # The watchdog saw every role's learner restart, into one and the same new process.
+    restarted = {r["restarted"]: r["pid"] for r in records if r["kind"] == "fault" and "restarted" in r}
+    assert {f"learner-{role}" for role in roles} <= set(restarted)
+    assert len({restarted[f"learner-{role}"] for role in roles}) == 1, restarted

@@ -1,4 +1,5 @@
-"""The learner as a Ray actor: `learner_actor` makes `learner-<policy>`, one process or a group of ranks.
+"""The learner as a Ray actor: `learner_actor` makes `learner-<policy>`, one process or a group of ranks;
+`learner_host_actor` makes one process for several policies on one base (`diprl.learn.host`).
 
 The algorithm lives in `diprl.learn.learner.Learner` (a plain class, tested without Ray); this module
 only says how Ray runs it: named, restarted forever, tasks retried, on a GPU or a CPU.
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.learn.config import LearnerConfig
+from diprl.learn.host import LearnerHost
 from diprl.learn.learner import Learner
 
 
@@ -41,9 +43,59 @@ def learner_actor(
         return group_actor(
             config, run_dir, adapter_root, registry, name or f"learner-{config.policy}", namespace, queue, resources
         )
+    remote_cls: Any = ray.remote(Learner)
+    options = _actor_options(config, name or f"learner-{config.policy}", namespace, resources)
+    return remote_cls.options(**options).remote(config, str(run_dir), str(adapter_root), registry, queue)
+
+
+def learner_host_actor(
+    configs: list[LearnerConfig],
+    run_dir: str | Path,
+    adapter_root: str | Path,
+    registry: str | None = None,
+    namespace: str | None = None,
+    queues: dict[str, str] | None = None,
+    resources: dict[str, float] | None = None,
+) -> Any:
+    """A `LearnerHost` actor for `configs`' policies, named `learners-<policy>+<policy>...` and placed like a
+    learner (one GPU or one CPU for all of them); restarted forever, each adapter resuming on its own."""
+    import ray
+
+    name = "learners-" + "+".join(c.policy for c in configs)
+    remote_cls: Any = ray.remote(LearnerHost)
+    options = _actor_options(configs[0], name, namespace, resources)
+    return remote_cls.options(**options).remote(configs, str(run_dir), str(adapter_root), registry, queues)
+
+
+class HostedLearner:
+    """One policy's handle on a host actor, called as a learner actor is: `handle.train_next.remote(2.0)` is
+    `host.train_next.remote(policy, 2.0)`. What the driver holds for each policy a host trains."""
+
+    def __init__(self, host: Any, policy: str) -> None:
+        self.host = host
+        self.policy = policy
+
+    def __getattr__(self, method: str) -> _PolicyMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _PolicyMethod(getattr(self.host, method), self.policy)
+
+
+class _PolicyMethod:
+    def __init__(self, method: Any, policy: str) -> None:
+        self.method = method
+        self.policy = policy
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.method.remote(self.policy, *args, **kwargs)
+
+
+def _actor_options(
+    config: LearnerConfig, name: str, namespace: str | None, resources: dict[str, float] | None
+) -> dict[str, Any]:
     env = {"DS_BUILD_OPS": "0"} if config.use_gpu else {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
     options: dict[str, Any] = {
-        "name": name or f"learner-{config.policy}",
+        "name": name,
         "get_if_exists": True,
         "max_restarts": -1,
         "max_task_retries": -1,
@@ -55,5 +107,4 @@ def learner_actor(
         options["namespace"] = namespace
     if resources:
         options["resources"] = dict(resources)
-    remote_cls: Any = ray.remote(Learner)
-    return remote_cls.options(**options).remote(config, str(run_dir), str(adapter_root), registry, queue)
+    return options

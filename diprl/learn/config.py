@@ -54,6 +54,11 @@ class LearnerConfig:
     max_grad_norm: float = 1.0  # 0 disables clipping
     max_policy_lag: int = 4  # groups from versions more than this behind the current one are dropped
     publish_every: int = 1  # optimiser steps between published versions
+    # Published versions between two that carry a canary (`diprl.learn.canary`: the learner's greedy decode
+    # of the canary set, which a replica must reproduce to serve the version); the first publish of a process
+    # always carries one. Versions in between are checked by their bytes only. 10 keeps the decode under 2%
+    # of a step on the tiny CPU model (`python -m diprl.bench canary`, docs/inference.md); 1 proves every one.
+    canary_every: int = 10
     checkpoint_every: int = 10  # optimiser steps between checkpoints (0: only on request)
     keep_checkpoints: int = 3
     # Adapter versions of this policy kept in the store beyond those the league holds and those still
@@ -71,6 +76,9 @@ class LearnerConfig:
     # under DeepSpeed ZeRO: a step's batch is split across them by tokens, rank 0 publishes and checkpoints
     # (`diprl.learn.group`). A run resumes only with the number of ranks that wrote its checkpoints.
     ranks: int = 1
+    # Trained policies (league roles) per learner process, each a LoRA adapter of its own on one base model
+    # loaded once (`diprl.learn.host`): 1 keeps one learner actor per policy. Needs ranks 1 and ZeRO <= 2.
+    adapters_per_actor: int = 1
     bf16: bool = False  # GPU path; the tiny CPU model is float32 so its logprobs match vLLM's to ~1e-6
     gradient_checkpointing: bool = False
     use_gpu: bool = False  # the Ray actor asks for one GPU and DeepSpeed uses CUDA + NCCL
@@ -111,6 +119,7 @@ class LearnerConfig:
         need(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
         need(self.max_policy_lag >= 0, f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
         need(self.publish_every >= 1, f"publish_every must be >= 1, got {self.publish_every}")
+        need(self.canary_every >= 1, f"canary_every must be >= 1, got {self.canary_every}")
         need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         need(self.keep_versions >= 0, f"keep_versions must be >= 0 (0 keeps every version), got {self.keep_versions}")
@@ -122,6 +131,15 @@ class LearnerConfig:
         need(
             self.ranks >= 1,
             f"ranks must be >= 1 (data-parallel learner ranks of this policy, one GPU or CPU each), got {self.ranks}",
+        )
+        need(
+            self.adapters_per_actor >= 1,
+            f"adapters_per_actor must be >= 1 (trained policies per learner process), got {self.adapters_per_actor}",
+        )
+        need(
+            self.adapters_per_actor == 1 or (self.ranks == 1 and self.zero_stage != 3),
+            "adapters_per_actor > 1 shares one whole base in one process: it needs ranks 1 and zero_stage <= 2, "
+            f"got ranks={self.ranks} zero_stage={self.zero_stage}",
         )
         need(self.prefix_min_tokens >= 1, f"prefix_min_tokens must be >= 1, got {self.prefix_min_tokens}")
         need(self.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens must be >= 1, got {self.logprob_chunk_tokens}")

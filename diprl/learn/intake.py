@@ -30,6 +30,7 @@ from diprl.messages import TrainingRecord, TrajectoryGroup
 log = logging.getLogger(__name__)
 
 PENDING_FILE = "pending.json"
+GIVE_WAY_S = 0.1  # how often a waiting learner asks whether it should give way to another adapter
 
 
 def balanced(groups: list[TrajectoryGroup], n: int) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
@@ -96,21 +97,26 @@ class GroupIntake:
             except Empty:
                 return
 
-    def take(self, fresh: Callable[[str], bool], timeout_s: float) -> list[TrajectoryGroup] | None:
+    def take(
+        self, fresh: Callable[[str], bool], timeout_s: float, give_way: Callable[[], bool] | None = None
+    ) -> list[TrajectoryGroup] | None:
         """The next balanced batch of `groups_per_step` fresh groups, or None if the queue has not
-        delivered enough within `timeout_s`."""
+        delivered enough within `timeout_s`, or `give_way` said true while it waited (checked every
+        `GIVE_WAY_S`)."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            self._pull(0.0)
-            self._drop_stale(fresh)
-            if len(self.waiting) >= self.groups_per_step:
-                break
+        while not self.ready(fresh):
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (give_way is not None and give_way()):
                 return None
-            self._pull(left)
+            self._pull(left if give_way is None else min(left, GIVE_WAY_S))
         batch, self.waiting = balanced(self.waiting, self.groups_per_step)
         return batch
+
+    def ready(self, fresh: Callable[[str], bool]) -> bool:
+        """Whether a whole batch of fresh groups is here (what the queue holds taken in, nothing waited for)."""
+        self._pull(0.0)
+        self._drop_stale(fresh)
+        return len(self.waiting) >= self.groups_per_step
 
     def _drop_stale(self, fresh: Callable[[str], bool]) -> None:
         keep = [g for g in self.waiting if fresh(g.policy_version)]

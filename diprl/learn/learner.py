@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -80,8 +80,10 @@ class Learner:
         registry: str | None = None,
         queue: str | None = None,
         rank: RankSpec | None = None,
+        base: Any = None,
     ) -> None:
         self.config = config
+        self.base = base  # a base model shared with other adapters (`diprl.learn.host`), or None: its own
         self.rank_spec = rank
         self.dist = Collective(rank)
         self.preset = load_preset(config.model)
@@ -95,7 +97,7 @@ class Learner:
         self.intake = GroupIntake(
             queue, self.metrics_path.parent, config.groups_per_step, holdover=max(2 * config.groups_per_step, 16)
         )
-        model = TrainedModel.build(self.preset, config, rank, self.life.start_dir(), seed=config.seed)
+        model = TrainedModel.build(self.preset, config, rank, self.life.start_dir(), config.seed, base)
         self.passes = Passes(config, self.dist, self.pad_id, model)
         self.life.start(model)
 
@@ -172,7 +174,7 @@ class Learner:
         self.counters["resets"] += 1
         self.engine.destroy()
         seed = self.config.seed + self.counters["resets"]
-        self.passes.model = TrainedModel.build(self.preset, self.config, self.rank_spec, None, seed)
+        self.passes.model = TrainedModel.build(self.preset, self.config, self.rank_spec, None, seed, self.base)
         return self.life.reset(self.model)
 
     def prune_versions(self, keep: Iterable[str] = ()) -> list[str]:
@@ -189,15 +191,16 @@ class Learner:
         """The current policy's masked, tempered logprob of every completion token of `records` (no training)."""
         return self.passes.score(self._prepare(records, rl=False))
 
-    def train_next(self, timeout_s: float = 1.0) -> StepReport | None:
+    def train_next(self, timeout_s: float = 1.0, give_way: Callable[[], bool] | None = None) -> StepReport | None:
         """One step on the next batch from this learner's own queue; None when no batch came in time.
 
         A batch taken by a previous life of this learner (killed mid-step) is trained first, unless its
-        step was checkpointed (see `diprl.learn.intake`).
+        step was checkpointed (see `diprl.learn.intake`). `give_way`: stop waiting (None) as soon as it
+        says true, as when another adapter of the same process has a batch ready (`diprl.learn.host`).
         """
         batch = self.intake.pending(self.step)
         if batch is None:
-            batch = self.intake.take(self.versions.trainable, timeout_s)
+            batch = self.intake.take(self.versions.trainable, timeout_s, give_way)
             if batch is None:
                 return None
         self.intake.hold(batch, self.step + 1)
@@ -238,6 +241,10 @@ class Learner:
         if not records:
             raise ValueError("train_records needs at least one record")
         return self._step(list(records), "bc", {}, StepTimer())
+
+    def ready(self) -> bool:
+        """Whether `train_next` would find a batch without waiting."""
+        return self.intake.pending_path.is_file() or self.intake.ready(self.versions.trainable)
 
     def pid_of(self) -> int:
         return os.getpid()

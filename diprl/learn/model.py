@@ -11,6 +11,7 @@ logprobs (tested against a running engine).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -39,20 +40,43 @@ def base_model_name(preset: ModelPreset) -> str:
     return str(resolve_model_path(preset))
 
 
-def build_peft_model(preset: ModelPreset, config: LearnerConfig, adapter_dir: Path | None = None) -> Any:
-    """The preset's base model with a LoRA adapter of the preset's shape (fresh, or `adapter_dir`'s weights).
-
-    A fresh adapter is PEFT's default initialisation (B = 0), seeded by `config.seed`, so it computes
-    exactly the base model: the first published version plays like `base`. With `prefix_sharing` the
-    model's attention also takes packed prefix trees (`diprl.learn.prefix_attention`).
-    """
-    from peft import LoraConfig, get_peft_model
+def load_base(preset: ModelPreset, config: LearnerConfig) -> Any:
+    """The preset's base model (the weights LoRA adapts, frozen once wrapped), in the learner's precision."""
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if config.bf16 else torch.float32
     with _partitioned_loading(config):
         base = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(preset)), dtype=dtype)
     base.config.use_cache = False
+    return base
+
+
+def sharing_copy(base: nn.Module) -> Any:
+    """A module tree of its own over the same weight tensors as `base` (parameters and buffers shared).
+
+    PEFT wraps a base model in place, so every adapter needs a tree of its own; sharing the tensors keeps
+    one copy of the base weights in memory for all of them (`diprl.learn.host`). The base is frozen under
+    every adapter, and a device or dtype move changes the shared tensors of all trees at once.
+    """
+    shared: dict[int, Any] = {id(t): t for t in (*base.parameters(), *base.buffers())}
+    return copy.deepcopy(base, shared)
+
+
+def build_peft_model(
+    preset: ModelPreset, config: LearnerConfig, adapter_dir: Path | None = None, base: nn.Module | None = None
+) -> Any:
+    """The preset's base model with a LoRA adapter of the preset's shape (fresh, or `adapter_dir`'s weights).
+
+    A fresh adapter is PEFT's default initialisation (B = 0), seeded by `config.seed`, so it computes
+    exactly the base model: the first published version plays like `base`. With `prefix_sharing` the
+    model's attention also takes packed prefix trees (`diprl.learn.prefix_attention`). `base` (from
+    `load_base`): the adapter goes on a `sharing_copy` of it instead of a base loaded for it alone.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    if base is not None and config.zero_stage == 3:
+        raise ValueError("a shared base is not partitioned: ZeRO-3 learners load their own (one adapter each)")
+    base_model = sharing_copy(base) if base is not None else load_base(preset, config)
     lora = LoraConfig(
         r=preset.lora.rank,
         lora_alpha=preset.lora.alpha,
@@ -62,7 +86,7 @@ def build_peft_model(preset: ModelPreset, config: LearnerConfig, adapter_dir: Pa
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = get_peft_model(base, lora)
+        model = get_peft_model(base_model, lora)
     if adapter_dir is not None:
         load_lora_state_(model, read_adapter_dir(adapter_dir, model))
     if config.gradient_checkpointing:

@@ -62,12 +62,20 @@ class TrainedModel:
 
     @classmethod
     def build(
-        cls, preset: ModelPreset, config: LearnerConfig, rank: RankSpec | None, adapter_dir: Path | None, seed: int
+        cls,
+        preset: ModelPreset,
+        config: LearnerConfig,
+        rank: RankSpec | None,
+        adapter_dir: Path | None,
+        seed: int,
+        base: Any = None,
     ) -> TrainedModel:
-        """A LoRA on the preset's base (from `adapter_dir`, else fresh with `seed`) under a new engine."""
+        """A LoRA on the preset's base (from `adapter_dir`, else fresh with `seed`) under a new engine.
+
+        `base`: a base model loaded once and shared by several adapters (`diprl.learn.host`)."""
         if config.zero_stage == 3:
             init_distributed(config.use_gpu, rank)  # ZeRO-3 loads the base partitioned
-        peft = build_peft_model(preset, replace(config, seed=seed), adapter_dir)
+        peft = build_peft_model(preset, replace(config, seed=seed), adapter_dir, base)
         module = CompletionScorer(peft, config.logprob_chunk_tokens)
         engine = make_engine(module, config, rank)
         return cls(peft, module, engine, next(module.parameters()).device)

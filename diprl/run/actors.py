@@ -49,7 +49,6 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
 
     from diprl.eval.evaluator import EvaluatorConfig, start_evaluator
     from diprl.league.manager import league_actor
-    from diprl.learn.actor import learner_actor
     from diprl.rollout.worker import GroupLedger, WorkerConfig, worker_actor
 
     where = config.placement
@@ -73,17 +72,7 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
     ledger = GroupLedger.options(name=LEDGER, resources=where.ledger, num_cpus=0).remote(  # type: ignore[attr-defined]
         {p: queue_name(p) for p in policies}, accepted_log
     )
-    learners = {
-        p: learner_actor(
-            replace(config.learner, policy=p),
-            str(run_dir),
-            str(adapter_root),
-            name=f"learner-{p}",
-            queue=queue_name(p),
-            resources=where.learner,
-        )
-        for p in policies
-    }
+    learners = start_learners(config, policies, str(run_dir), str(adapter_root))
     r = config.rollout
     worker_config = WorkerConfig(
         episode=r.episode,
@@ -110,6 +99,39 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
     )
     ray.get([learner.pid_of.remote() for learner in learners.values()])  # built (or restored) before the loop
     return Actors(serve_app, league, ledger, queues, learners, workers, evaluator)
+
+
+def start_learners(config: Config, policies: list[str], run_dir: str, adapter_root: str) -> dict[str, Any]:
+    """A learner handle per policy: its own actor, or with `learner.adapters_per_actor` > 1 its place on a host
+    actor that trains that many policies on one base (`diprl.learn.host`), in the order the league names them."""
+    from diprl.learn.actor import HostedLearner, learner_actor, learner_host_actor
+
+    where = config.placement
+    per_actor = config.learner.adapters_per_actor
+    if per_actor == 1:
+        return {
+            p: learner_actor(
+                replace(config.learner, policy=p),
+                run_dir,
+                adapter_root,
+                name=f"learner-{p}",
+                queue=queue_name(p),
+                resources=where.learner,
+            )
+            for p in policies
+        }
+    learners: dict[str, Any] = {}
+    for start in range(0, len(policies), per_actor):
+        hosted = policies[start : start + per_actor]
+        host = learner_host_actor(
+            [replace(config.learner, policy=p) for p in hosted],
+            run_dir,
+            adapter_root,
+            queues={p: queue_name(p) for p in hosted},
+            resources=where.learner,
+        )
+        learners.update({p: HostedLearner(host, p) for p in hosted})
+    return learners
 
 
 def _warn_missing_resources(missing: dict[str, list[str]]) -> None:

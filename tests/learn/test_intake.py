@@ -95,3 +95,25 @@ def test_an_unreadable_pending_batch_is_dropped_with_a_warning(
     assert "unreadable pending batch" in caplog.text
     with pytest.raises(RuntimeError, match="no queue"):
         GroupIntake(None, tmp_path, 4, 8).take(lambda v: True, timeout_s=0.0)
+
+
+def test_a_waiting_take_gives_way_at_once_and_ready_takes_nothing_it_cannot_batch(tmp_path: Path) -> None:
+    """A learner host's waiting adapter stops waiting when another adapter has a batch (`give_way`)."""
+    import time
+
+    intake = _intake(tmp_path, [_group("g0", "FRANCE")], n=2)
+    fresh = lambda version: True  # noqa: E731
+    assert not intake.ready(fresh)
+    asked: list[float] = []
+
+    def give_way() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) >= 2
+
+    began = time.monotonic()
+    assert intake.take(fresh, timeout_s=30.0, give_way=give_way) is None
+    assert time.monotonic() - began < 5.0  # gave way, did not wait out its 30 s
+    assert [g.group_id for g in intake.waiting] == ["g0"]  # what it pulled stays for its next take
+    intake._queue.items.append(_group("g1", "ITALY"))
+    assert intake.ready(fresh)
+    assert [g.group_id for g in intake.take(fresh, timeout_s=0.0, give_way=lambda: True) or []] == ["g0", "g1"]
