@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.eval.config import EvaluateConfig
-from diprl.eval.stats import paired_gain
+from diprl.eval.stats import interval_text, paired_gain, summary_text
 from diprl.eval.suite import SuiteConfig
 
 SEED = 12345
@@ -37,6 +37,8 @@ FULL_MAX_YEAR = 1935
 DUMBBOT = "bot:dumbbot"
 RANDOM = "bot:random"
 SUITES = ("policy_vs_dumbbot", "dumbbot_vs_dumbbot", "policy_vs_random", "full_games")
+LAST_LINE = ("policy_vs_dumbbot", "dumbbot_vs_dumbbot", "teacher_gap", "teacher_gap_lo", "policy_vs_random")
+"""The figures of the bench's last line, `key=value` each (what a results table is read from)."""
 
 
 def suites(
@@ -94,8 +96,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     """What the bench prints; the last line is the one the issue names."""
 
     def ci(key: str) -> str:
-        low, high = summary[f"{key}_ci95"]
-        return f"{summary[key]:.2f} [{low:.2f}, {high:.2f}]"
+        return interval_text(summary[key], *summary[f"{key}_ci95"])
 
     lines = [
         f"policy vs 6 DumbBot: {ci('policy_vs_dumbbot')} centres; "
@@ -107,20 +108,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     ]
     full = summary.get("full_games")
     if full:
-        cats = ", ".join(
-            f"{name} {cell['rate']:.3f} [{cell['ci95'][0]:.3f}, {cell['ci95'][1]:.3f}]"
-            for name, cell in full["categories"].items()
-        )
-        sos = full["sum_of_squares"]
+        cats = ", ".join(f"{name} {summary_text(cell, digits=3)}" for name, cell in full["categories"].items())
         lines.append(
             f"full games to {FULL_MAX_YEAR} vs 6 DumbBot ({full['games']}): {cats}; sum-of-squares "
-            f"{sos['mean']:.2f} [{sos['ci95'][0]:.2f}, {sos['ci95'][1]:.2f}]"
+            f"{summary_text(full['sum_of_squares'])}"
         )
-    lines.append(
-        f"policy_vs_dumbbot={summary['policy_vs_dumbbot']:.3f} dumbbot_vs_dumbbot={summary['dumbbot_vs_dumbbot']:.3f} "
-        f"teacher_gap={summary['teacher_gap']:.3f} teacher_gap_lo={summary['teacher_gap_lo']:.3f} "
-        f"policy_vs_random={summary['policy_vs_random']:.3f}"
-    )
+    lines.append(" ".join(f"{key}={summary[key]:.3f}" for key in LAST_LINE))
     return lines
 
 
