@@ -255,10 +255,7 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
 
     def _game_page(request: Request, session: PlaySession, error: str = "", status: int = 200) -> HTMLResponse:
         with session.lock:
-            game = session.game
             legal = None if session.finished else session.legal()
-            last = session.last
-            meta = session.meta()
             defaults = {}
             if legal is not None and legal.kind.value in ("movement", "retreat"):
                 defaults = {loc: legal.default_order(loc) for loc in legal.locs}
@@ -267,11 +264,11 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
                 "play_game.html",
                 status=status,
                 session=session,
-                game=game,
+                game=session.game,
                 legal=legal,
                 defaults=defaults,
-                last=last,
-                meta=meta,
+                last=session.last,
+                meta=session.meta(),
                 error=error,
                 run=session.setup.run,
             )
