@@ -96,6 +96,13 @@ def compose_structured(
     return config
 
 
+def too_small(config: object, names: Sequence[str], low: float, rule: str = "") -> list[str]:
+    """`<name> must be <rule>, got <value>` for each field of `config` in `names` not >= `low` (NaN is not);
+    `rule` is `>= <low>` unless given ("positive"). The range check every config's `__post_init__` repeats."""
+    values = [(name, getattr(config, name)) for name in names]
+    return [f"{name} must be {rule or f'>= {low}'}, got {value}" for name, value in values if not value >= low]
+
+
 def option_lines(defaults: DataclassInstance, names: Sequence[str] | None = None, prefix: str = "") -> list[str]:
     """`  key=default` for the fields `names` of the dataclass `defaults` (all of them, in order, if None).
 

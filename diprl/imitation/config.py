@@ -15,7 +15,7 @@ from pathlib import Path
 
 from diprl.imitation.data import TeacherConfig
 from diprl.learn.config import LearnerConfig
-from diprl.structured_config import ConfigError, compose_structured
+from diprl.structured_config import ConfigError, compose_structured, too_small
 
 SCHEMA_NAME = "imitate_schema"
 
@@ -44,15 +44,8 @@ class ImitateConfig:
     verbose: bool = False  # library logs (DeepSpeed, transformers, torch) at INFO instead of WARNING
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("steps", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("epochs", "max_minutes"):
-            if not getattr(self, name) >= 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.threads < 0:
-            problems.append(f"threads must be >= 0, got {self.threads}")
+        problems = too_small(self, ("steps", "batch_size", "eval_batch_size"), 1, "positive")
+        problems += too_small(self, ("epochs", "max_minutes", "threads"), 0)
         if problems:
             raise ConfigError("imitation config: " + "; ".join(problems))
 

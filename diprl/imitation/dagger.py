@@ -34,7 +34,7 @@ from typing import Any
 
 from diprl.imitation.pretrain import PretrainConfig
 from diprl.imitation.teacher import Decision, TeacherExample, label_decision, teacher_bot
-from diprl.structured_config import Command, ConfigError, compose_structured
+from diprl.structured_config import Command, ConfigError, compose_structured, too_small
 
 PROG = "python -m diprl.imitation.dagger"
 SCHEMA_NAME = "dagger_schema"
@@ -72,9 +72,7 @@ class DaggerConfig:
             problems.append(f"pretrain.model must differ from pretrain.init ({self.pretrain.init!r}): the start stays")
         if self.seed == STRENGTH_BENCH_SEED:
             problems.append(f"seed {self.seed} is the strength bench's: its games would be trained on")
-        for name in ("games", "repeats"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        problems += too_small(self, ("games", "repeats"), 1)
         if self.heldout_every < 0 or self.heldout_every == 1:
             problems.append(f"heldout_every must be 0 or >= 2, got {self.heldout_every}")
         if self.temperature < 0:

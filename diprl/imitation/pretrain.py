@@ -29,7 +29,7 @@ from typing import Any
 
 from diprl.imitation.data import TeacherConfig
 from diprl.imitation.teacher import TeacherExample
-from diprl.structured_config import Command, ConfigError, compose_structured
+from diprl.structured_config import Command, ConfigError, compose_structured, too_small
 
 PROG = "python -m diprl.imitation.pretrain"
 SCHEMA_NAME = "pretrain_schema"
@@ -63,20 +63,14 @@ class PretrainConfig:
     verbose: bool = False
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("batch_size", "micro_batch_tokens", "eval_batch_size", "prefix_min_tokens"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        problems = too_small(
+            self, ("batch_size", "micro_batch_tokens", "eval_batch_size", "prefix_min_tokens"), 1, "positive"
+        )
         if not self.epochs > 0:
             problems.append(f"epochs must be > 0, got {self.epochs}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             problems.append(f"lr must be positive and finite, got {self.lr}")
-        for name in ("warmup_steps", "threads"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("weight_decay", "max_grad_norm", "max_minutes"):
-            if not getattr(self, name) >= 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        problems += too_small(self, ("warmup_steps", "threads", "weight_decay", "max_grad_norm", "max_minutes"), 0)
         if problems:
             raise ConfigError("pretrain config: " + "; ".join(problems))
 
