@@ -42,7 +42,7 @@ from diprl.inference.adapters import (
     CorruptAdapter,
     LocalAdapterCache,
     check_compatible,
-    parse_policy_ref,
+    model_ref,
 )
 from diprl.inference.adapters.private import PrivateCopies
 from diprl.inference.canary import (
@@ -158,25 +158,26 @@ class PolicyEngine:
         Only requests for the same adapter wait for its load; one already loaded is served at once."""
         if PolicyRef.parse(policy).is_zoo:  # validated: base, <policy>@v<N> or zoo:<name>
             return await self._acquire_zoo(policy)
-        ref = parse_policy_ref(policy)
-        if ref is None:
+        ref = model_ref(policy)
+        if ref.is_base:
             return None
-        if ref.name in self._refused:
-            raise CanaryMismatch(self._refused[ref.name])
-        loaded = self._loras.get(ref.name)
+        name = str(ref)
+        if name in self._refused:
+            raise CanaryMismatch(self._refused[name])
+        loaded = self._loras.get(name)
         if loaded is None:
-            async with self._loading.hold(ref.name):
-                loaded = self._loras.get(ref.name)  # a request that held the lock before us loaded it
-                if ref.name in self._refused:  # or found it refused by its canary
-                    raise CanaryMismatch(self._refused[ref.name])
+            async with self._loading.hold(name):
+                loaded = self._loras.get(name)  # a request that held the lock before us loaded it
+                if name in self._refused:  # or found it refused by its canary
+                    raise CanaryMismatch(self._refused[name])
                 if loaded is None:
-                    loaded = await self._load(ref.name)
-                    self._loras[ref.name] = loaded
+                    loaded = await self._load(name)
+                    self._loras[name] = loaded
                     self.loads += 1
-                self._in_use[ref.name] += 1  # before the lock goes: nothing can evict it in between
+                self._in_use[name] += 1  # before the lock goes: nothing can evict it in between
         else:
-            self._in_use[ref.name] += 1
-        self._loras.move_to_end(ref.name)
+            self._in_use[name] += 1
+        self._loras.move_to_end(name)
         return loaded.request
 
     async def _acquire_zoo(self, ref: str) -> Any:

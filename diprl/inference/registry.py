@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 
-from diprl.inference.adapters import AdapterRef, AdapterStore, pack_adapter, parse_policy_ref
+from diprl.inference.adapters import AdapterRef, AdapterStore, model_ref, pack_adapter
 
 REGISTRY_NAME = "diprl-adapter-registry"
 NAMESPACE = "diprl"  # named actors are per namespace; Serve replicas run in "serve", drivers in their own
@@ -25,12 +25,12 @@ class AdapterRegistry:
         self.objects: dict[str, Any] = {}
 
     def register(self, name: str, packed: Mapping[str, bytes]) -> None:
-        ref = parse_policy_ref(name)  # the one name check: no paths, no "base"
-        if ref is None:
+        ref = model_ref(name)  # the one name check: no paths, no "base"
+        if ref.is_base:
             raise ValueError("the base model is not an adapter")
-        if ref.name in self.objects:
-            raise ValueError(f"{ref.name} is already registered: versions are immutable")
-        self.objects[ref.name] = ray.put(dict(packed))
+        if str(ref) in self.objects:
+            raise ValueError(f"{ref} is already registered: versions are immutable")
+        self.objects[str(ref)] = ray.put(dict(packed))
 
     def get(self, name: str) -> Mapping[str, bytes]:
         """The packed files of `name`; KeyError (UnknownAdapter for the cache) when not registered."""

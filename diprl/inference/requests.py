@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diprl.game.legal import PhaseKind, PowerOrders
-from diprl.inference.adapters import parse_policy_ref
+from diprl.inference.adapters import model_ref
 from diprl.messages import PolicyRef, UnknownPolicyRef
 
 REQUEST_KEYS = frozenset(
@@ -120,7 +120,7 @@ def validate_request(request: Any, limits: EngineLimits) -> ValidRequest:
     except UnknownPolicyRef:
         ref = None
     if ref is None or not ref.is_zoo:  # a shipped policy's entry is verified where it is served
-        parse_policy_ref(policy)  # InvalidAdapterName (an AdapterError) for anything but base / <policy>@v<N>
+        model_ref(policy)  # InvalidAdapterName (an AdapterError) for anything but base / <policy>@v<N>
 
     max_tokens = request.get("max_tokens", DEFAULT_MAX_TOKENS)
     if not _is_int(max_tokens) or not 1 <= max_tokens <= limits.max_model_len:

@@ -1,8 +1,9 @@
 """Adapter names (`base`, `<policy>@v<N>`), the errors every adapter operation raises, and base-model identity.
 
-Names arrive in requests from rollout workers, so a name is parsed by exactly one function
-(`parse_policy_ref`) into a policy and a version number, and paths are only ever built from those
-validated parts: no request can name a file.
+Names arrive in requests from rollout workers, so a name is parsed by exactly one parser
+(`PolicyRef.parse`, here through `model_ref`: base or an adapter version, nothing else) into a policy
+and a version number, and paths are only ever built from those validated parts: no request can name a
+file.
 """
 
 from __future__ import annotations
@@ -49,19 +50,34 @@ class IncompatibleAdapter(AdapterError):
     """A sound adapter this server cannot apply: rank above its max, another base model, other modules."""
 
 
+def model_ref(name: object) -> PolicyRef:
+    """The PolicyRef of a model a server plays, `base` or `<policy>@v<N>`; anything else (a bot, a zoo
+    entry, a path, a typo) is an `InvalidAdapterName`."""
+    try:
+        ref = PolicyRef.parse(name)
+    except UnknownPolicyRef:
+        shown = name[:80] if isinstance(name, str) else type(name).__name__
+        raise InvalidAdapterName(f"invalid adapter name {shown!r}; {NAME_HELP}") from None
+    if not (ref.is_base or ref.is_adapter):
+        raise InvalidAdapterName(f"{name!r} is not the base model or an adapter version; {NAME_HELP}")
+    return ref
+
+
 @dataclass(frozen=True, order=True)
 class AdapterRef:
-    """A validated adapter name: parse one with `parse_policy_ref`, or build one as `AdapterRef(policy, n)`."""
+    """A validated adapter version as the store hands it out (`name` is the whole `<policy>@v<N>`).
+
+    Kept for the store's callers that read `.name`; new code takes the `PolicyRef` from `model_ref`.
+    """
 
     policy: str
     version: int
 
     def __post_init__(self) -> None:
-        # Direct construction gets the same check as parsing: paths are built from these fields.
-        if not isinstance(self.version, int) or isinstance(self.version, bool):
-            raise InvalidAdapterName(f"adapter version must be an int, got {self.version!r}; {NAME_HELP}")
-        ref = parse_policy_ref(f"{self.policy}@v{self.version}") if isinstance(self.policy, str) else None
-        if ref is None:
+        # Paths are built from these fields: construction gets the one parser's check.
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or not isinstance(self.policy, str):
+            raise InvalidAdapterName(f"invalid adapter {self.policy!r}@v{self.version!r}; {NAME_HELP}")
+        if not model_ref(f"{self.policy}@v{self.version}").is_adapter:
             raise InvalidAdapterName(f"invalid adapter {self.policy!r}@v{self.version!r}; {NAME_HELP}")
 
     @property
@@ -73,25 +89,9 @@ class AdapterRef:
 
 
 def parse_policy_ref(name: str) -> AdapterRef | None:
-    """A PolicyRef naming a model: `None` for `base`, an `AdapterRef` for `<policy>@v<N>`.
-
-    The grammar is `diprl.messages.PolicyRef.parse` (the one parser); here anything but base or an
-    adapter version (a bot, a path, a typo) is an `InvalidAdapterName`, and paths are only ever built
-    from the returned, validated parts.
-    """
-    try:
-        ref = PolicyRef.parse(name)
-    except UnknownPolicyRef:
-        shown = name[:80] if isinstance(name, str) else type(name).__name__
-        raise InvalidAdapterName(f"invalid adapter name {shown!r}; {NAME_HELP}") from None
-    if ref.is_base:
-        return None
-    if not ref.is_adapter:
-        raise InvalidAdapterName(f"{name!r} is a rule bot, not the base model or an adapter version; {NAME_HELP}")
-    out = object.__new__(AdapterRef)  # fields already validated; skip __post_init__'s re-parse
-    object.__setattr__(out, "policy", ref.name)
-    object.__setattr__(out, "version", ref.version)
-    return out
+    """`model_ref(name)` as the store's `AdapterRef`: None for `base` (kept for the callers that read `.name`)."""
+    ref = model_ref(name)
+    return None if ref.is_base else AdapterRef(ref.name, ref.version)
 
 
 def validate_policy_name(policy: str) -> str:
