@@ -70,6 +70,7 @@ from diprl.inference.adapters.names import (
     CorruptAdapter,
     InvalidAdapterName,
     UnknownAdapter,
+    model_ref,
     parse_policy_ref,
     require_adapter,
     validate_policy_name,
@@ -156,10 +157,10 @@ class AdapterStore:
 
     def __contains__(self, name: object) -> bool:
         try:
-            ref = parse_policy_ref(name)  # type: ignore[arg-type]
+            ref = model_ref(name)
         except InvalidAdapterName:
             return False
-        return ref is not None and ref.version in version_numbers(self.root / ref.policy)
+        return ref.is_adapter and ref.version in version_numbers(self.root / ref.policy)
 
     # ---- index ----------------------------------------------------------------------------
 
