@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="diprl-bench-inference-"))
     store = AdapterStore(root / "adapters")
     sources = [save_random_lora(root / f"src{i}", seed=100 + i) for i in range(5)]
-    names = [store.publish(f"p{i}", sources[i]).name for i in range(4)]
+    names = [str(store.publish(f"p{i}", sources[i])) for i in range(4)]
     # The replica gets as many CPUs as the bare engine's process has threads: Ray sets OMP_NUM_THREADS
     # from the actor's CPU count, and the vLLM engine inherits it.
     threads = len(os.sched_getaffinity(0))
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             handle.generate.remote(probe).result(timeout_s=600)
             warm_latency = time.perf_counter() - start
             start = time.perf_counter()
-            new_name = store.publish("fresh", sources[4]).name
+            new_name = str(store.publish("fresh", sources[4]))
             publish_seconds = time.perf_counter() - start
             result = handle.generate.remote([replace(probe[0], policy=new_name)]).result(timeout_s=600)
             publish_to_served = time.perf_counter() - start

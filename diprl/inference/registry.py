@@ -68,7 +68,7 @@ def publish_everywhere(
     config's base model; the second travels with the version, fingerprinted)."""
     ref = store.publish(policy, source, base_model=base_model, canary=canary)
     if registry is not None:
-        ray.get(registry.register.remote(ref.name, pack_adapter(store.resolve(ref.name))))
+        ray.get(registry.register.remote(str(ref), pack_adapter(store.resolve(str(ref)))))
     return ref
 
 

@@ -215,7 +215,7 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
 
             store = AdapterStore(path / "adapters")
             for policy in store.policies():
-                refs += [str(r.name) for r in reversed(store.versions(policy))]
+                refs += [str(r) for r in reversed(store.versions(policy))]
         return refs
 
     @app.get("/play", response_class=HTMLResponse)
