@@ -1,9 +1,11 @@
 """Canary benchmark: do canaries catch a replica serving other weights than those trained, and what do they cost?
 
-    python -m diprl.bench canary [--steps 3] [--groups 2] [--forks 4] [--seed 0]
+    python -m diprl.bench canary [--steps N] [--groups 2] [--forks 4] [--seed 0] [--canary-every N]
 
-A tiny-model learner takes `--steps` GRPO steps, publishing a version (with its canary) after each:
-those versions are the clean run, and each must be served with no canary alarm. Then faults are
+A tiny-model learner takes `--steps` GRPO steps (default: `--canary-every`, so that two versions carry a
+canary) after a warm-up step, publishing a version after each, every `--canary-every`-th with its canary
+(default `learner.canary_every`; the first version always): those versions are the clean run, and each
+must be served with no canary alarm. Then faults are
 injected, each a way for a replica to serve weights other than the version's while every byte check
 passes:
 
@@ -19,9 +21,10 @@ passes:
   output is the new weights' and there is no fault to catch: `prefix_reuse_seen=0` says so, and it is
   not counted as injected.
 
-Costs: the learner's canary (decode of the canary set, in the publish) against the mean step (which
-includes it), and the replica's probe per version. Last line: `canary_caught=<n>/<n injected>
-canary_false_alarms=<n> canary_cost=<learner canary s / step s>`.
+Costs: the learner's canary (decode of the canary set, timed after every step) against the mean step,
+amortised over the cadence: `canary_cost = canary s / (canary_every x step s)`, the share of the
+learner's time the canaries take (a step that published a canary includes it); and the replica's probe
+per version. Last line: `canary_caught=<n>/<n injected> canary_false_alarms=<n> canary_cost=<share>`.
 """
 
 from __future__ import annotations
@@ -67,7 +70,14 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from diprl.policy.models import resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
 
-    config = LearnerConfig(lr=3e-2, max_grad_norm=0.0, checkpoint_every=0, publish_every=1, groups_per_step=args.groups)
+    config = LearnerConfig(
+        lr=3e-2,
+        max_grad_norm=0.0,
+        checkpoint_every=0,
+        publish_every=1,
+        canary_every=args.canary_every,
+        groups_per_step=args.groups,
+    )
     learner = Learner(config, tmp / "run", tmp / "adapters")
     tokenizer = load_tokenizer(resolve_model_path(learner.preset))
     states = mid_game_states(args.groups * (args.steps + 1), seed=args.seed)
@@ -81,7 +91,7 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         learner.train_step(groups)
         elapsed = time.perf_counter() - t0
         t0 = time.perf_counter()
-        version_canary(learner.peft, learner.preset, config.zero_stage)  # what the publish inside the step did
+        version_canary(learner.peft, learner.preset, config.zero_stage)  # what a publish with a canary does
         if step > 0:  # the first step warms up
             steps.append(elapsed)
             canaries.append(time.perf_counter() - t0)
@@ -107,7 +117,9 @@ def inject(store: Any, versions: list[str], model: str, tmp: Path) -> dict[str, 
     return {"stale": stale.name, "base": base.name, "reload_skipped": skipped.name}
 
 
-async def serve(config: Any, clean: list[str], faults: dict[str, str], store: Any, tmp: Path) -> dict[str, Any]:
+async def serve(
+    config: Any, clean: list[str], bytes_only: list[str], faults: dict[str, str], store: Any, tmp: Path
+) -> dict[str, Any]:
     from vllm.lora.request import LoRARequest
 
     from diprl.inference.policy_engine import PolicyEngine
@@ -125,7 +137,7 @@ async def serve(config: Any, clean: list[str], faults: dict[str, str], store: An
     engine = SkipsAReload(config)
     out: dict[str, Any] = {"alarms": {}, "probe_s": []}
     try:
-        for name in [*clean, *faults.values()]:
+        for name in [*clean, *faults.values(), *bytes_only]:
             before = engine.canary_seconds
             result = (await engine.generate([{"policy": name, "prompt": "A PAR", "max_tokens": 1}]))[0]
             out["alarms"][name] = result.error is not None and result.error.startswith("CanaryMismatch")
@@ -156,11 +168,24 @@ async def serve(config: Any, clean: list[str], faults: dict[str, str], store: An
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench canary", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=3, help="timed learner steps (after one warm-up step)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed learner steps after one warm-up step (default: --canary-every)"
+    )
     parser.add_argument("--groups", type=int, default=2, help="groups per learner step")
     parser.add_argument("--forks", type=int, default=4, help="records per group")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--canary-every", type=int, default=None, help="versions between canaries (default: learner.canary_every)"
+    )
     args = parser.parse_args(argv)
+    if args.canary_every is None:
+        from diprl.learn.config import LearnerConfig
+
+        args.canary_every = LearnerConfig().canary_every
+    if args.steps is None:
+        args.steps = args.canary_every
+    if args.canary_every < 1 or args.steps < 1 or (args.steps + 1) // args.canary_every < 1:
+        parser.error("two versions need a canary: --canary-every must be in [1, --steps + 1]")
     import torch
 
     from diprl.inference.adapters import AdapterStore
@@ -171,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         trained = train(args, tmp)
         store = AdapterStore(tmp / "adapters")
         clean = [v for v in trained["versions"] if store.resolve(v).canary_file is not None]
+        bytes_only = [v for v in trained["versions"] if v not in clean]
         faults = inject(store, clean, trained["model"], tmp)
         config = ServerConfig(
             model=trained["model"],
@@ -182,24 +208,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         threads = torch.get_num_threads()
         try:
-            served = asyncio.run(serve(config, clean, faults, store, tmp))
+            served = asyncio.run(serve(config, clean, bytes_only, faults, store, tmp))
         finally:
             torch.set_num_threads(threads)
     alarms = served["alarms"]
-    false_alarms = sum(alarms[v] for v in clean)
+    false_alarms = sum(alarms[v] for v in [*clean, *bytes_only])
     caught = {fault: alarms[name] for fault, name in faults.items()}
     injected = len(faults) + int(served["prefix_reuse_seen"])
     n_caught = sum(caught.values()) + int(served["prefix_reuse_seen"])
     step_s, canary_s = statistics.mean(trained["step_s"]), statistics.mean(trained["canary_s"])
     probe_s = served["probe_s"][1 : len(clean)] or served["probe_s"]  # the first load also warms the engine up
     print(f"clean versions: {', '.join(clean)}; canary errors: {served['stats']['canary_errors']}")
+    print(f"versions without a canary (canary_every={args.canary_every}), served: {', '.join(bytes_only) or '-'}")
     for fault, name in faults.items():
         print(f"fault {fault:15s} as {name}: {'caught' if caught[fault] else 'MISSED'}")
     seen = int(served["prefix_reuse_seen"])
     print(f"fault prefix_reuse: the re-registered adapter served other than its new weights: {seen}")
     print(
-        f"learner step {step_s:.3f} s (publish and its canary included), learner canary {canary_s:.3f} s, "
+        f"learner step {step_s:.3f} s (a publish's canary included), learner canary {canary_s:.3f} s "
+        f"({canary_s / step_s:.3f} of a step, one version in {args.canary_every}), "
         f"replica probe {statistics.mean(probe_s):.3f} s a version ({statistics.mean(probe_s) / step_s:.3f} of a step)"
     )
-    print(f"canary_caught={n_caught}/{injected} canary_false_alarms={false_alarms} canary_cost={canary_s / step_s:.3f}")
+    cost = canary_s / (args.canary_every * step_s)
+    print(f"canary_caught={n_caught}/{injected} canary_false_alarms={false_alarms} canary_cost={cost:.3f}")
     return 0 if n_caught == injected and false_alarms == 0 else 1

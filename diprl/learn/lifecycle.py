@@ -97,6 +97,7 @@ class Lifecycle:
         self.last_checkpoint: Path | None = None
         self._publish_due = False  # a publish failed (full disk, ...): retry after the next step
         self._checkpoint_due = False
+        self._publishes = 0  # in this process: every `canary_every`-th carries a canary, the first included
 
     @property
     def registry(self) -> Any:
@@ -203,10 +204,11 @@ class Lifecycle:
         In a group rank 0 writes the version and the others learn its number (their weights are the same).
         """
         policy = self.config.policy
+        canaried = self._publishes % self.config.canary_every == 0
 
         def write() -> str:
             # The weights' canary travels in the version: a replica refuses the version unless it reproduces it.
-            canary = version_canary(model.peft, self.preset, self.config.zero_stage)
+            canary = version_canary(model.peft, self.preset, self.config.zero_stage) if canaried else None
             if self.registry is not None:
                 from diprl.inference.registry import publish_everywhere
 
@@ -217,6 +219,7 @@ class Lifecycle:
             _, number = self.dist.rank0_writes(
                 write, self.versions.number, f"publish the next version of {policy}", (OSError, AdapterError)
             )
+        self._publishes += 1  # after the write: a failed publish is retried with the canary it was due
         name = f"{policy}@v{number}"
         self.versions.published(name, lora_state(model.peft))
         self.weights_version = name
