@@ -70,7 +70,9 @@ class PolicyServer:
         return asdict(self.engine.limits)
 
     async def status(self) -> dict[str, Any]:
-        """Loaded adapters, counters, and this replica's identity (actor, engine-core processes)."""
+        """Loaded adapters, counters, canaries (`PolicyEngine.canary_stats`: checks, failures, probe seconds,
+        each checked version's error, the refused versions), and this replica's identity (actor, engine-core
+        processes)."""
         import ray
 
         context = ray.get_runtime_context()
@@ -85,6 +87,7 @@ class PolicyServer:
             "busy_s": self.engine.occupancy.busy_s,
             "dead": self.engine.dead,
             "engine_pids": _child_pids(),
+            **self.engine.canary_stats(),
         }
 
     async def check_health(self) -> None:

@@ -6,6 +6,12 @@ with the `MatchResult`s of played matches, and `summary` for the run's `league_s
 each role does (who it plays, its snapshot and reset rules) is the role table (`roles.py`): nothing
 here branches on a role's name.
 
+A version a PolicyServer replica refused by its canary (`refuse_version`: its engine does not serve the
+weights that were trained, `diprl.inference.canary`) is never handed out again: matches and evaluations
+get the role's last version that no replica refused (`serving`, `verified`). A version counts as verified
+once registered and while no replica refused it; a role whose every version was refused has nothing to
+fall back on and keeps its current one (its requests fail, which the run's serving check stops on).
+
 `league_actor` runs it as the named Ray actor "league" that Ray restarts after a crash; every state
 change is written to `run_dir/league/` before the call returns, so a restarted manager continues where
 it was and a call Ray retries after the crash is answered the same (registrations and reports are
@@ -49,6 +55,7 @@ from diprl.messages import Match, MatchResult, PolicyRef, UnknownPolicyRef, pars
 log = logging.getLogger(__name__)
 
 DONE_MEMORY = 20_000  # reported match ids remembered, so a retried report is not counted twice
+VERSION_MEMORY = 64  # registered versions remembered per role: the fallbacks for one refused by its canary
 NASH_REFRESH = 20  # matches reported between recomputations of the Nash weights used for matchmaking
 
 
@@ -74,6 +81,8 @@ class LeagueManager:
         self.entries_logged = 0  # entries already in a health record
         self.events: list[dict[str, Any]] = []  # league events: rollback decisions
         self.rollback: RollbackDecision | None = None  # decided, not yet carried out by the learner
+        self.refused: dict[str, str] = {}  # versions a replica refused by their canary -> why
+        self.registered: dict[str, list[str]] = {}  # per role, its registered versions (oldest first)
         state = load_state(self.dir)
         if state is not None:
             self._restore(state)
@@ -107,6 +116,9 @@ class LeagueManager:
                 "restored from an older checkpoint must publish its weights under a new number)"
             )
         role.current = version
+        history = self.registered.setdefault(policy, [])
+        history.append(version)
+        del history[:-VERSION_MEMORY]
         if role.baseline_step is None or role.awaiting_reset or learner_step < role.baseline_step:
             role.baseline_step = learner_step  # first version, a fresh adapter, or a restarted step counter
             role.awaiting_reset = False
@@ -213,12 +225,44 @@ class LeagueManager:
         must keep when it deletes old versions.
         """
         refs = {r.current for r in self.roles.values() if r.current is not None}
+        refs |= {self.serving(p) for p, r in self.roles.items() if r.current is not None}  # a fallback
         refs |= {m.ref for m in self.members.values() if m.kind != LEARNER}
         for match in self.pending.values():
             refs |= {str(ref) for ref in match["seats"].values()}
         if self.best.best is not None:  # a rollback restores it: its weights must outlive pruning
             refs.add(self.best.best.version)
         return sorted(refs)
+
+    # ---------------------------------------------------------------------------------- canaries
+    def refuse_version(self, version: str, reason: str = "") -> dict[str, Any]:
+        """A replica refused `version` by its canary: never hand it out again (see the module doc).
+
+        Returns {"version", "policy", "serving": what the role plays now, "new": False when it was already
+        refused (a retried call, or many matches reporting the same refusal)}."""
+        policy, _ = version_number(version)
+        new = version not in self.refused
+        if new:
+            self.refused[version] = str(reason)[:500]
+            log.error("%s refused by a replica's canary; %s plays %s", version, policy, self._served(policy))
+            self._save()
+        return {"version": version, "policy": policy, "serving": self._served(policy), "new": new}
+
+    def serving(self, policy: str) -> str:
+        """The version of `policy` that matches and evaluations use: its current one unless a replica refused
+        it, else its newest registered version no replica refused."""
+        self.current(policy)  # a role with no version yet is an error here too
+        return self._served(policy)
+
+    def verified(self, version: str) -> str:
+        """`version` itself, or the version that stands in for it when a replica refused it: the newest
+        registered version of its policy, not newer than it, that none refused (what an evaluation plays)."""
+        return stand_in(version, self.registered.get(version_number(version)[0], []), self.refused)
+
+    def _served(self, policy: str) -> str:
+        current = self.roles[policy].current
+        if current is None or current not in self.refused:
+            return str(current)
+        return self.verified(current)
 
     def pid_of(self) -> int:
         """This actor's process id (the driver's watchdog notices a restart by its change)."""
@@ -233,7 +277,7 @@ class LeagueManager:
         for key, member in self.members.items():
             if member.kind == LEARNER and self.roles[key].current is None:
                 continue
-            if self._ref_of(key) == ref:
+            if self._ref_of(key) == ref or (member.kind == LEARNER and self.roles[key].current == ref):
                 return float(self.ratings.get(key).ordinal)
         return None
 
@@ -280,6 +324,8 @@ class LeagueManager:
             "resets": {p: r.resets for p, r in self.roles.items()},
             "pending": len(self.pending),
             "health": self._health_summary(keys),
+            "serving": {p: self._served(p) for p, r in self.roles.items() if r.current is not None},
+            "canary_refused": dict(self.refused),
         }
 
     def _health_summary(self, keys: Sequence[str]) -> dict[str, Any]:
@@ -450,11 +496,11 @@ class LeagueManager:
     def _ref_of(self, key: str) -> str:
         member = self.members[key]
         if member.kind != LEARNER:
-            return member.ref
+            return self.verified(member.ref) if member.ref in self.refused else member.ref
         current = self.roles[key].current
         if current is None:
             raise RuntimeError(f"{key} has no version yet: register_version({key!r}, ...) before matching against it")
-        return current
+        return self._served(key)
 
     def _next_hero_power(self, policy: str) -> str:
         """Powers in shuffled cycles of seven: every seven matches of a role cover every power once."""
@@ -632,6 +678,7 @@ class LeagueManager:
                 "events": self.events,
                 "rollback": None if self.rollback is None else self.rollback.to_dict(),
             },
+            "canary": {"refused": dict(self.refused), "registered": {p: list(v) for p, v in self.registered.items()}},
         }
 
     def _restore(self, state: Mapping[str, Any]) -> None:
@@ -653,10 +700,23 @@ class LeagueManager:
         self.events = [dict(e) for e in health.get("events", [])]
         rollback = health.get("rollback")
         self.rollback = None if rollback is None else RollbackDecision.from_dict(rollback)
+        canary = state.get("canary") or {}  # absent in states written before canary refusals
+        self.refused = {str(k): str(v) for k, v in dict(canary.get("refused") or {}).items()}
+        self.registered = {str(p): [str(v) for v in vs] for p, vs in dict(canary.get("registered") or {}).items()}
         log.info("league restored from %s: %d members", self.dir, len(self.members))
 
     def _save(self) -> None:
         save_state(self.dir, self.state())
+
+
+def stand_in(version: str, registered: Sequence[str], refused: Mapping[str, Any]) -> str:
+    """`version`, or when a replica refused it by its canary, the newest of `registered` (its policy's
+    versions, oldest first) not newer than it that none refused; `version` itself when there is none."""
+    if version not in refused:
+        return version
+    number = version_number(version)[1]
+    older = [v for v in registered if version_number(v)[1] <= number]
+    return next((v for v in reversed(older) if v not in refused), version)
 
 
 def _version_order(target: str) -> tuple[int, str]:

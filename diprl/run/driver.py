@@ -12,6 +12,8 @@ evaluation and the summary are written. A second signal aborts at once (Keyboard
 
 from __future__ import annotations
 
+import logging
+import math
 import signal
 import sys
 import threading
@@ -31,6 +33,9 @@ from diprl.run.progress import progress_fields
 from diprl.run.rundir import Counters, save_counters
 
 WAIT_S = 1.0  # the loop wakes at least this often (budget, progress line, watchdog)
+STATUS_TIMEOUT_S = 10.0  # a PolicyServer status asked during the run (canaries); the end waits longer
+
+log = logging.getLogger(__name__)
 
 
 def _finished(pending: list[Any]) -> list[Any]:
@@ -111,6 +116,7 @@ class Driver:
         watched |= {"league": actors.league, "group-ledger": actors.ledger, "evaluator": actors.evaluator}
         self.watchdog = Watchdog(watched, journal, self._in_flight)
         self.progress: Any = None
+        self.canaries_logged: set[str] = set()  # versions whose `canary` record is written
 
     # ---------------------------------------------------------------- control
     def request_stop(self, reason: str, exit_code: int) -> None:
@@ -187,6 +193,7 @@ class Driver:
             self.rating = self._main_rating()
             if self.main_step == 1 or self.main_step % self.config.league.health.every_steps == 0:
                 self._log_league()
+                self._log_canaries(self._server_status(STATUS_TIMEOUT_S))
         save_counters(self.run_dir, self.counters)
 
     def _stop_rollouts(self) -> None:
@@ -220,12 +227,15 @@ class Driver:
         self.journal.log("league", {"step": self.main_step} | rating | health)
 
     def _progress_fields(self) -> dict[str, Any]:
+        version = self.learning.versions.get("main", "-")
+        if version in self.matches.refused:  # refused by a replica's canary: say what plays instead
+            version = f"{version} (refused, serving {self.matches.serving.get('main', '?')})"
         return progress_fields(
             self.journal.stats,
             self.main_step,
             self.learning.last.get("main", {}),
             self.learning.queue_depth(),
-            self.learning.versions.get("main", "-"),
+            version,
             self.evals.last,
             self.rating,
         )
@@ -240,17 +250,43 @@ class Driver:
             self.progress.close()
         self._finish()
 
-    def _log_serving(self) -> None:
-        """What the PolicyServer saw (one replica's view): the mean batch inside its engine while busy,
-        the seconds it was busy, its failed requests. The batch is what matches in flight are for."""
+    def _server_status(self, timeout_s: float) -> dict[str, Any] | str:
+        """One replica's `PolicyServer.status`, or why there is none (it did not answer in time)."""
         from ray import serve
 
         app = self.actors.serve_app
         try:
-            status = serve.get_deployment_handle(app, app_name=app).status.remote().result(timeout_s=60)
-        except Exception as exc:  # a run without a reachable server still ends properly
-            self.journal.fault({"serving_status": app, "error": repr(exc)[:300]})
+            return dict(serve.get_deployment_handle(app, app_name=app).status.remote().result(timeout_s=timeout_s))
+        except Exception as exc:  # a run without a reachable server goes on, and still ends properly
+            log.warning("PolicyServer %s status: %r", app, exc)
+            return repr(exc)[:300]
+
+    def _log_canaries(self, status: dict[str, Any] | str) -> None:
+        """One `canary` record per version a replica checked since the last (one replica's view): its canary
+        error (the largest |learner - engine| log-probability; null when the tokens differ) and whether the
+        served version is the published one. A refusal the rollouts have not met yet is handed to the league."""
+        if isinstance(status, str):
             return
+        refused = set(status.get("canary_refused", []))
+        for version, error in sorted(dict(status.get("canary_errors", {})).items()):
+            if version in self.canaries_logged:
+                continue
+            self.canaries_logged.add(version)
+            same = version not in refused
+            values = {"version": version, "canary/error": error if math.isfinite(error) else None}
+            self.journal.log("canary", values | {"canary/served_is_published": int(same)}, version.split("@")[0])
+            if not same and version not in self.matches.refused:
+                self.matches.refuse(version, f"CanaryMismatch: {version}: refused by a replica's canary")
+
+    def _log_serving(self) -> None:
+        """What the PolicyServer saw (one replica's view): the mean batch inside its engine while busy,
+        the seconds it was busy, its failed requests. The batch is what matches in flight are for. And the
+        canary records of the versions checked since the last (`_log_canaries`)."""
+        status = self._server_status(60.0)
+        if isinstance(status, str):
+            self.journal.fault({"serving_status": self.actors.serve_app, "error": status})
+            return
+        self._log_canaries(status)
         self.journal.log(
             "serving",
             {

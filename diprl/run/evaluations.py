@@ -9,6 +9,9 @@ to `evaluation.retries` times, before the next one: the step-0 "before" is not l
 Each finished evaluation is also told to the league (`LeagueManager.observe_evaluation`): it tracks main's
 best version and runs the collapse guards; a guard that fires is a `fault` record here, a rollback the
 league decides a `league` record.
+
+A version a replica refused by its canary is not evaluated: the league's stand-in for it (the newest
+earlier version no replica refused, `LeagueManager.verified`) is, and the `eval` records name it.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ class EvalSchedule:
             self._submit(*self.waiting.pop(0))
 
     def _submit(self, version: str, step: int, attempt: int) -> Any:
+        if self.league is not None:
+            import ray
+
+            version = str(ray.get(self.league.verified.remote(version)))
         ref = self.evaluator.evaluate.remote(version, f"step{step}")
         self.running[ref] = (version, step, attempt)
         return ref

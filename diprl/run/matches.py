@@ -6,16 +6,32 @@ the trained policies in turn. A finished match's results go to the league (its G
 and its counts to the run's statistics. A call that failed (the PolicyServer restarting, an engine
 error) is replayed with the same match, hence the same seed: the ledger drops any group it already
 accepted. Ray itself retries a call a worker's death interrupted, on the restarted worker.
+
+A match whose requests a replica refused by the version's canary (`CanaryMismatch`: the engine does not
+serve the weights that were trained) is a `fault`: the league is told (`refuse_version`) and hands out the
+role's last verified version from then on, and the match's results are not reported (a seat that held
+all game would skew the payoff). Its failed turns are not trained (workers drop them), so it does not
+count towards the every-request-failed stop either.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from diprl.messages import Match, MatchReport
+from diprl.messages import POLICY_PATTERN, VERSION_PATTERN, Match, MatchReport
 from diprl.run.journal import Journal
 from diprl.run.rundir import Counters
+
+REFUSED = re.compile(rf"CanaryMismatch: (?P<version>{POLICY_PATTERN}@v{VERSION_PATTERN}):", re.ASCII)
+"""A request's error when a replica refused its version by the canary (`diprl.inference.canary`)."""
+
+
+def refused_version(error: str | None) -> str | None:
+    """The version a request's `error` says a replica refused by its canary, or None."""
+    found = REFUSED.search(error or "")
+    return found.group("version") if found else None
 
 
 class ServingFailed(RuntimeError):
@@ -50,6 +66,8 @@ class MatchScheduler:
         self.failing_limit = max(4, 2 * self.per_worker * len(self.workers))
         self.load = [0] * len(self.workers)
         self._turn = 0
+        self.refused: set[str] = set()  # versions a replica refused by their canary
+        self.serving: dict[str, str] = {}  # policy -> the version the league plays instead, since the last refusal
 
     def fill(self) -> None:
         """Hand every worker below its share a new match (the trained policies in turn)."""
@@ -79,6 +97,28 @@ class MatchScheduler:
                 f"{counts.first_error}"
             )
 
+    def _refused(self, report: MatchReport) -> bool:
+        """Whether a replica refused a version of this match by its canary; the league is told, once a fault."""
+
+        version = refused_version(report.counts.first_error)
+        if version is None:
+            return False
+        self.refuse(version, str(report.counts.first_error))
+        return True
+
+    def refuse(self, version: str, error: str) -> None:
+        """A replica refused `version` by its canary: the league stops handing it out; a fault the first time."""
+        import ray
+
+        answer = ray.get(self.league.refuse_version.remote(version, error))
+        self.refused.add(version)
+        self.serving[answer["policy"]] = answer["serving"]
+        if answer["new"]:
+            self.journal.stats.canary_refused += 1
+            self.journal.fault(
+                {"canary_refused": version, "serving": answer["serving"], "error": error[:500]}, answer["policy"]
+            )
+
     def in_flight(self, index: int) -> list[str]:
         """Ids of the matches worker `index` is playing (what a restart of it replays)."""
         return sorted(p.match.match_id for p in self.playing.values() if p.worker == index)
@@ -99,8 +139,10 @@ class MatchScheduler:
                 self._submit(playing.worker, playing.match, playing.attempt + 1)
             return None
         self.counters.matches += 1
-        self._check_serving(report)
-        if report.results:
+        refused = self._refused(report)
+        if not refused:
+            self._check_serving(report)
+        if report.results and not refused:
             ray.get(self.league.report.remote(report.results))
             self.counters.results += len(report.results)
         self.counters.groups += len(report.groups)

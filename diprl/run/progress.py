@@ -36,6 +36,7 @@ class RunStats:
     matches: deque[MatchReport] = field(default_factory=deque)
     faults: int = 0
     restarts: int = 0
+    canary_refused: int = 0  # versions a replica refused by their canary (each also a fault)
 
     def __post_init__(self) -> None:
         self.returns = deque(maxlen=self.window)
@@ -114,4 +115,6 @@ def progress_fields(
         fields["faults"] = stats.faults
     if stats.restarts:
         fields["restarts"] = stats.restarts
+    if stats.canary_refused:
+        fields["canary_refused"] = stats.canary_refused
     return fields

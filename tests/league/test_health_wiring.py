@@ -39,6 +39,8 @@ def _driver(tmp_path: Path, manager: LeagueManager, every: int) -> Any:
         rating=None,
         main_step=0,
         _main_rating=lambda: 1.5,
+        _server_status=lambda timeout_s: "no PolicyServer here",
+        _log_canaries=lambda status: None,
     )
     fake._log_league = lambda: Driver._log_league(fake)
     fake.after_step = lambda: Driver._after_step(fake, "main")
