@@ -29,9 +29,11 @@ class NoLeague(LookupError):
 
 def summary_from_state(state: Mapping[str, Any]) -> dict[str, Any]:
     """`LeagueManager.summary()`'s members, payoff, ratings and Nash parts, from a saved state."""
+    from diprl.league.manager import stand_in
     from diprl.league.nash import max_entropy_nash
     from diprl.league.payoff import Payoff
     from diprl.league.ratings import Ratings
+    from diprl.messages import UnknownPolicyRef
 
     try:
         members = [dict(m) for m in state["members"]]
@@ -54,9 +56,20 @@ def summary_from_state(state: Mapping[str, Any]) -> dict[str, Any]:
             | {"rating": rating.ordinal, "mu": rating.mu, "sigma": rating.sigma, "nash": nash[key]}
             | {"games": sum(payoff.games(key, o) for o in keys if o != key)}
         )
+    found = state.get("canary")
+    canary: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    try:
+        refused = {str(k): str(v) for k, v in dict(canary.get("refused") or {}).items()}
+        registered = {str(p): [str(v) for v in vs] for p, vs in dict(canary.get("registered") or {}).items()}
+        current = {p: str(r["current"]) for p, r in roles.items() if r.get("current")}
+        serving = {p: stand_in(v, registered.get(p, []), refused) for p, v in current.items()}
+    except (TypeError, ValueError, AttributeError, UnknownPolicyRef) as exc:
+        raise NoLeague(f"the league state is not in the expected format ({exc!r})") from None
     return {
         "roles": list(roles),
         "current": {p: r.get("current") for p, r in roles.items()},
+        "serving": serving,
+        "canary_refused": refused,
         "pool": pool,
         "payoff": {
             "members": keys,
