@@ -2,6 +2,7 @@
 
     python -m diprl.bench learner [--groups 4] [--forks 8] [--steps 4] [--lagged 0.0] [--model tiny]
         [--micro-batch-tokens 8192] [--prefix-min-tokens 16] [--gradient-checkpointing] [--bf16] [--ranks 1]
+        [--adapters 1]
 
 Groups come from mid-game movement states (8+ units) with the uniform constrained sampler's
 completions and random +-1 advantages. Each timed round runs, on the same groups:
@@ -25,6 +26,9 @@ actor as in a run (a local Ray, or `$RAY_ADDRESS`), take the same full steps on 
 publishing every step; their tokens/s are printed side by side, and `rank_parity=` is the largest
 absolute difference between their LoRA weights after two steps (the same update, up to float
 summation order). Every rank, and the one-rank learner, is a Ray actor of one CPU (one torch thread).
+
+`--adapters N` (N > 1) instead trains N policies on one learner host against N learners of their own
+(`diprl.bench.learner_adapters`).
 
 Tokens are prompt + completion tokens of the records (unpadded), the same count for every path; the
 tokens each path forwards are printed beside. Last line: `learner_tokens_per_s=<shared>
@@ -369,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=1, help="> 1: compare 1 and this many learner ranks instead")
+    parser.add_argument(
+        "--adapters", type=int, default=1, help="> 1: this many policies on one learner host against as many learners"
+    )
     add_console_flags(parser)
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
@@ -376,8 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need --steps, --groups, --forks >= 1 and 0 <= --lagged <= 1")
     if args.prefix_min_tokens < 1:
         parser.error("need --prefix-min-tokens >= 1")
-    if args.ranks < 1:
-        parser.error("need --ranks >= 1")
+    if args.ranks < 1 or args.adapters < 1 or (args.ranks > 1 and args.adapters > 1):
+        parser.error("need --ranks >= 1 and --adapters >= 1, not both above 1")
+    if args.adapters > 1:
+        from diprl.bench.learner_adapters import print_adapters, run_adapters
+
+        return print_adapters(args, run_adapters(args))
     if args.ranks > 1:
         return _print_ranks(args, run_ranks(args))
     r = run(args)

@@ -64,3 +64,21 @@ def test_the_benchmark_prints_shared_and_unshared_side_by_side(capsys: pytest.Ca
     forwarded = next(line for line in out if line.startswith("forwarded per step"))
     shared, unshared = (int(w) for w in forwarded.replace(",", " ").split() if w.isdigit())
     assert shared < unshared  # three forks of one prompt: the prompt forwarded once instead of three times
+
+
+def test_the_adapters_benchmark_trains_one_host_and_separate_learners_to_the_same_weights(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--adapters", "2", "--steps", "2", "--groups", "1", "--forks", "2", "--quiet"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    fields = {k: float(v) for k, v in (kv.split("=") for kv in lines[-1].split())}
+    assert set(fields) == {
+        "multi_adapter_tokens_per_s", "separate_tokens_per_s", "multi_adapter_speedup", "adapter_parity",
+        "multi_adapter_memory_ratio",
+    }  # fmt: skip
+    assert fields["adapter_parity"] == 0.0  # one torch thread an actor: the same steps to the bit
+    assert 0.0 < fields["multi_adapter_memory_ratio"] < 1.0  # one process where two ran
+    assert fields["multi_adapter_speedup"] == pytest.approx(
+        fields["multi_adapter_tokens_per_s"] / fields["separate_tokens_per_s"], rel=1e-3
+    )
+    assert "one host (1 process" in lines[-3] and "2 learners (2 processes" in lines[-2]
