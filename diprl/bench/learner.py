@@ -270,7 +270,6 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
     from diprl.bench.constraint import mid_game_states
     from diprl.inference.adapters import AdapterStore
     from diprl.learn.actor import learner_actor
-    from diprl.learn.config import LearnerConfig
     from diprl.learn.model import build_peft_model, read_adapter_dir
     from diprl.policy.models import load_preset, resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
@@ -295,18 +294,7 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
         for k in range(rounds)
     ]
     tokens = [sum(len(r.prompt_ids) + len(r.completion_ids) for g in b for r in g.records) for b in batches]
-    config = LearnerConfig(
-        model=args.model,
-        micro_batch_tokens=args.micro_batch_tokens,
-        groups_per_step=args.groups,
-        checkpoint_every=0,
-        max_policy_lag=rounds,
-        kl_coef=args.kl_coef,
-        use_gpu=cuda,
-        bf16=args.bf16,
-        gradient_checkpointing=args.gradient_checkpointing,
-        prefix_min_tokens=args.prefix_min_tokens,
-    )
+    config = actor_bench_config(args, rounds, cuda)
     like = build_peft_model(preset, config)
     out: dict[str, float] = {"tokens_per_step": statistics.fmean(tokens[1:])}
     weights: dict[int, dict[str, Any]] = {}
@@ -353,6 +341,25 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
     out["rank_parity"] = max(float((one[k] - many[k]).abs().max()) for k in one)
     out["speedup"] = out[f"ranks_{args.ranks}_tokens_per_s"] / out["ranks_1_tokens_per_s"]
     return out
+
+
+def actor_bench_config(args: argparse.Namespace, rounds: int, cuda: bool) -> Any:
+    """The learner config of the benchmarks that compare learner actors on the same batches (`--ranks`,
+    `--adapters`): no checkpoint cadence, every round's groups trainable, the command line's model options."""
+    from diprl.learn.config import LearnerConfig
+
+    return LearnerConfig(
+        model=args.model,
+        micro_batch_tokens=args.micro_batch_tokens,
+        groups_per_step=args.groups,
+        checkpoint_every=0,
+        max_policy_lag=rounds,
+        kl_coef=args.kl_coef,
+        use_gpu=cuda,
+        bf16=args.bf16,
+        gradient_checkpointing=args.gradient_checkpointing,
+        prefix_min_tokens=args.prefix_min_tokens,
+    )
 
 
 def _split_line(r: dict[str, float], name: str) -> str:

@@ -47,11 +47,11 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
     import os
 
     import ray
+    import torch
 
     from diprl.bench.constraint import mid_game_states
-    from diprl.bench.learner import make_groups
+    from diprl.bench.learner import actor_bench_config, make_groups
     from diprl.learn.actor import HostedLearner, learner_actor, learner_host_actor
-    from diprl.learn.config import LearnerConfig
     from diprl.policy.models import load_preset, resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
     from diprl.policy.vocab import token_table
@@ -76,16 +76,7 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
         sum(len(r.prompt_ids) + len(r.completion_ids) for p in policies for g in batches[p][k] for r in g.records)
         for k in range(rounds)
     ]
-    config = LearnerConfig(
-        model=args.model,
-        micro_batch_tokens=args.micro_batch_tokens,
-        groups_per_step=args.groups,
-        checkpoint_every=0,
-        max_policy_lag=rounds,
-        kl_coef=args.kl_coef,
-        bf16=args.bf16,
-        prefix_min_tokens=args.prefix_min_tokens,
-    )
+    config = actor_bench_config(args, rounds, torch.cuda.is_available())  # a GPU each, where there are GPUs
     out: dict[str, float] = {"tokens_per_round": statistics.fmean(tokens[1:]), "adapters": n}
     states_after: dict[str, dict[str, dict[str, Any]]] = {}
     # A local Ray with a CPU for each of the N learners (on a smaller machine they share its cores).
