@@ -14,12 +14,20 @@ Memory, per GPU:
   weights, their gradients, fp32 master copy and Adam moments (partitioned over the ranks from ZeRO-1
   or 2 on, the base weights too at ZeRO-3), DeepSpeed's contiguous gradient bucket, the checkpointed
   layer inputs of one micro-batch, the one layer being recomputed in the backward pass, and the LM head
-  over one chunk of completion positions (prompt positions never reach it);
+  over one chunk of completion positions (prompt positions never reach it). A learner host
+  (`learner.adapters_per_actor` > 1, `diprl.learn.host`) holds the base once and, per adapter, the LoRA
+  weights and optimiser state; gradients, bucket and activations live only during one adapter's step,
+  and the host steps one adapter at a time, so they count once; the plan says how many adapters fit;
 - a replica (vLLM): its shard of the weights, the KV cache for `max_num_seqs` requests of the workload's
   length, `max_loras` LoRA slots at `max_lora_rank`, the activations of one scheduler batch and the
   sampler's logits. It must fit in `gpu_memory_utilization` of the GPU, which vLLM claims.
 
-Time of one training step in steady state, where rollouts and learning overlap: the slowest of the
+The league (`league.roles`: the trained policies) decides how many learners there are: one per policy, or
+one host per `adapters_per_actor` policies, each of `learner.ranks` GPUs; the plan names the GPUs a host
+frees for replicas compared with one learner per policy.
+
+Time of one training step in steady state (in a league, one step of every trained policy), where
+rollouts and learning overlap: the slowest of the
 learner (6 x parameters x tokens FLOPs at a measured utilisation, plus the old-policy logprob pass,
 optimiser, gradient exchange and storage), the replicas (decode bound by HBM bandwidth or FLOPs, plus
 tensor-parallel all-reduces and the order constraint's CPU time per decode step; prefill at the
@@ -295,6 +303,22 @@ class PlanConfig:
     learner: Any = None
     cluster: Any = None
     workload: Any = None
+    league: Any = None  # its `roles` are the trained policies (None: one policy)
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """The trained policies, one LoRA adapter each."""
+        return tuple(self.league.roles) if self.league is not None else ("main",)
+
+    @property
+    def learners(self) -> int:
+        """Learner processes: one per policy, or one host per `learner.adapters_per_actor` policies."""
+        return math.ceil(len(self.policies) / self.learner.adapters_per_actor)
+
+    @property
+    def adapters_per_learner(self) -> int:
+        """Adapters the fullest learner holds (and steps one after the other)."""
+        return min(self.learner.adapters_per_actor, len(self.policies))
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -303,6 +327,7 @@ class Term:
     name: str
     bytes: float
     note: str = ""
+    adapters: int = 0  # > 0: `bytes` are this many adapters' (one term per adapter a learner host holds)
 
     @property
     def gib(self) -> float:
@@ -331,6 +356,22 @@ class Memory:
 
     def term(self, name: str) -> Term:
         return next(t for t in self.terms if t.name == name)
+
+    @property
+    def once(self) -> float:
+        """Bytes that do not grow with the adapters held (base, runtime, one step's transients)."""
+        return sum(t.bytes for t in self.terms if not t.adapters)
+
+    @property
+    def per_adapter(self) -> float:
+        """Bytes each further adapter adds."""
+        return sum(t.bytes / t.adapters for t in self.terms if t.adapters)
+
+    def adapters_fit(self) -> int:
+        """The most adapters that fit beside what counts once (0 when not even one does)."""
+        if self.per_adapter <= 0:
+            return 0
+        return max(0, math.floor((self.capacity - self.once) / self.per_adapter))
 
 
 def layer_activation_elements(shape: ModelShape, lora_rank: int, lora_modules: int) -> int:
@@ -361,8 +402,19 @@ def learner_memory(
     learner: Any,
     workload: Workload,
     cluster: ClusterConfig,
+    adapters: int = 1,
 ) -> Memory:
-    """Peak memory of one learner rank (bf16 weights with fp32 optimiser state, the way DeepSpeed runs it)."""
+    """Peak memory of one learner rank (bf16 weights with fp32 optimiser state, the way DeepSpeed runs it)
+    holding `adapters` LoRA adapters on one base (a learner host, `diprl.learn.host`).
+
+    Between its steps an adapter's DeepSpeed engine keeps its LoRA weights and its fp32 master and Adam
+    moments. Its fp32 gradient partition and contiguous gradient bucket live only inside its step
+    (DeepSpeed 0.19 `stage_1_and_2.py`: `setup_buckets` allocates the bucket at the step's first backward,
+    `_release_ipg_buffers` frees it and the gradient partition after the reduction, `step` drops the
+    averaged gradients); the host steps one adapter at a time, so those, like the activations, count once.
+    """
+    if adapters < 1:
+        raise PlanError(f"a learner holds at least one adapter, got {adapters}")
     n, stage = learner.ranks, learner.zero_stage
     wbytes = BF16 if learner.bf16 else FP32
     base = shape.total_params
@@ -384,13 +436,27 @@ def learner_memory(
     terms = [
         Term("runtime_reserve", cluster.runtime_reserve_gib * GIB, "CUDA context, NCCL (stated)"),
         Term("base_weights", base * wbytes / param_split, f"{base / 1e9:.2f}B parameters" + _split(param_split)),
-        Term("lora_weights", lora * wbytes / param_split, f"{lora / 1e6:.1f}M trainable" + _split(param_split)),
-        Term("lora_grads", lora * FP32 / grad_split, "fp32 gradient partition" + _split(grad_split)),
-        Term("optimizer", lora * 3 * FP32 / state_split, "fp32 master + Adam m, v" + _split(state_split)),
+        Term(
+            "lora_weights",
+            adapters * lora * wbytes / param_split,
+            f"{lora / 1e6:.1f}M trainable" + _split(param_split) + _times(adapters),
+            adapters,
+        ),
+        Term(
+            "lora_grads",
+            lora * FP32 / grad_split,
+            "fp32 gradient partition" + _split(grad_split) + _one_step(adapters),
+        ),
+        Term(
+            "optimizer",
+            adapters * lora * 3 * FP32 / state_split,
+            "fp32 master + Adam m, v" + _split(state_split) + _times(adapters),
+            adapters,
+        ),
         Term(
             "grad_bucket",
             0.0 if stage == 0 else DS_REDUCE_BUCKET_ELEMENTS * (FP32 if stage == 1 else wbytes),
-            "DeepSpeed's contiguous gradient buffer (reduce_bucket_size)",
+            "DeepSpeed's contiguous gradient buffer (reduce_bucket_size)" + _one_step(adapters),
         ),
     ]
     if stage >= 3:
@@ -410,6 +476,14 @@ def learner_memory(
 
 def _split(ways: int) -> str:
     return f", / {ways} ranks" if ways > 1 else ""
+
+
+def _times(adapters: int) -> str:
+    return f", x {adapters} adapters" if adapters > 1 else ""
+
+
+def _one_step(adapters: int) -> str:
+    return ", one adapter's step at a time" if adapters > 1 else ""
 
 
 def request_context(workload: Workload) -> int:
@@ -462,29 +536,50 @@ def replica_memory(
 class Placement:
     """Which GPUs hold learner ranks and which hold replicas (never the same GPU)."""
 
-    learner: tuple[tuple[int, int], ...]  # (node, gpu) per rank
+    learner: tuple[tuple[int, int], ...]  # (node, gpu) per rank, learner after learner
     replicas: tuple[tuple[tuple[int, int], ...], ...]  # the GPUs of each replica
     replicas_per_gpu: int
     problem: str | None = None
+    learners: int = 1  # learner processes (or groups of ranks), each `len(learner) / learners` GPUs
+
+    def learner_groups(self) -> list[tuple[tuple[int, int], ...]]:
+        """The GPUs of each learner."""
+        ranks = len(self.learner) // max(1, self.learners)
+        return [self.learner[i : i + ranks] for i in range(0, len(self.learner), max(1, ranks))]
 
     @property
     def learner_nodes(self) -> int:
-        return len({node for node, _ in self.learner})
+        """Nodes the widest learner spans (its gradient exchange crosses nodes when above 1)."""
+        return max((len({node for node, _ in g}) for g in self.learner_groups()), default=0)
 
 
-def place(cluster: ClusterConfig, ranks: int, tp: int, replica_gpus: float, low: int, high: int) -> Placement:
-    """Learner ranks first, packed from node 0; replicas then fill what is left, TP GPUs of one node each.
+def place(
+    cluster: ClusterConfig, ranks: int, tp: int, replica_gpus: float, low: int, high: int, learners: int = 1
+) -> Placement:
+    """`learners` learners of `ranks` GPUs first, packed from node 0; replicas then fill what is left, TP GPUs
+    of one node each.
 
     Replicas scale up to `high` (autoscaling's max_replicas or num_replicas) and must reach `low`.
     """
     per_gpu = 1 if tp > 1 or replica_gpus >= 1 else int(1 / replica_gpus)
     free: list[list[int]] = [list(range(cluster.gpus_per_node)) for _ in range(cluster.nodes)]
-    if ranks > cluster.gpus:
-        return Placement((), (), per_gpu, f"{ranks} learner ranks need {ranks} GPUs; the cluster has {cluster.gpus}")
+    total = learners * ranks
+    if total > cluster.gpus:
+        of = f" ({learners} learners of {ranks})" if learners > 1 else ""
+        return Placement(
+            (), (), per_gpu, f"{total} learner ranks{of} need {total} GPUs; the cluster has {cluster.gpus}", learners
+        )
     learner: list[tuple[int, int]] = []
-    for node, gpus in enumerate(free):
-        while gpus and len(learner) < ranks:
-            learner.append((node, gpus.pop(0)))
+    for _ in range(learners):
+        # each learner on the first node with room for all its ranks (its exchange stays on NVLink), else
+        # packed over the nodes in order
+        whole = [node for node, gpus in enumerate(free) if len(gpus) >= ranks]
+        nodes = whole[:1] or range(cluster.nodes)
+        mine: list[tuple[int, int]] = []
+        for node in nodes:
+            while free[node] and len(mine) < ranks:
+                mine.append((node, free[node].pop(0)))
+        learner += mine
     width = max(1, math.ceil(replica_gpus)) if tp == 1 else tp
     replicas: list[tuple[tuple[int, int], ...]] = []
     for node, gpus in enumerate(free):
@@ -496,9 +591,9 @@ def place(cluster: ClusterConfig, ranks: int, tp: int, replica_gpus: float, low:
     if len(replicas) < low:
         problem = (
             f"{low} replicas of {width} GPU(s) need {math.ceil(low / per_gpu) * width} GPUs on nodes of "
-            f"{cluster.gpus_per_node} beside {ranks} learner rank(s); room for {len(replicas)}"
+            f"{cluster.gpus_per_node} beside {total} learner rank(s); room for {len(replicas)}"
         )
-    return Placement(tuple(learner), tuple(replicas), per_gpu, problem)
+    return Placement(tuple(learner), tuple(replicas), per_gpu, problem, learners)
 
 
 def gpu_list(gpus: Sequence[tuple[int, int]]) -> str:
@@ -638,19 +733,32 @@ class Plan:
     rollout_s: float
     refusals: tuple[str, ...]
     notes: tuple[str, ...]
+    per_policy: Placement | None = None  # one learner per policy, when hosts hold several (for comparison)
 
     @property
     def fits(self) -> bool:
         return not self.refusals
 
     @property
+    def learner_round_s(self) -> float:
+        """One step of every policy a learner holds: a host steps its adapters one after the other."""
+        return self.learner.step_s * self.config.adapters_per_learner
+
+    @property
     def step_s(self) -> float:
-        return max(self.learner.step_s, self.inference_s, self.rollout_s)
+        return max(self.learner_round_s, self.inference_s, self.rollout_s)
 
     @property
     def limiting(self) -> str:
-        parts = {"learner": self.learner.step_s, "inference": self.inference_s, "rollout": self.rollout_s}
+        parts = {"learner": self.learner_round_s, "inference": self.inference_s, "rollout": self.rollout_s}
         return max(parts, key=lambda k: parts[k])
+
+    @property
+    def freed(self) -> tuple[tuple[int, int], ...]:
+        """GPUs one learner per policy would take that the hosts leave to replicas."""
+        if self.per_policy is None:
+            return ()
+        return tuple(sorted(set(self.per_policy.learner) - set(self.placement.learner)))
 
 
 def _overflow_message(role: str, memory: Memory, knob: str) -> str:
@@ -698,14 +806,29 @@ def make_plan(config: PlanConfig) -> Plan:
     auto = inference.autoscaling or {}
     high = int(auto.get("max_replicas", inference.num_replicas)) if auto else inference.num_replicas
     low = int(auto.get("min_replicas", 1)) if auto else inference.num_replicas
-    placement = place(cluster, learner.ranks, tp, inference.replica_gpus, low, high)
+    policies = len(config.policies)
+    placement = place(cluster, learner.ranks, tp, inference.replica_gpus, low, high, config.learners)
     if placement.problem:
         refusals.append("placement: " + placement.problem)
-    lmem = learner_memory(shape, model.lora.rank, model.lora.target_modules, learner, workload, cluster)
-    if lmem.overflow():
-        refusals.append(
-            _overflow_message("learner", lmem, "lower learner.micro_batch_tokens, or add ranks with zero_stage 3")
+    per_policy = None
+    if config.learners < policies:
+        per_policy = place(cluster, learner.ranks, tp, inference.replica_gpus, low, high, policies)
+    if learner.adapters_per_actor > policies:
+        notes.append(
+            f"learner.adapters_per_actor {learner.adapters_per_actor} exceeds the {policies} trained "
+            f"polic{'y' if policies == 1 else 'ies'}: the learner holds {policies}"
         )
+    lmem = learner_memory(
+        shape, model.lora.rank, model.lora.target_modules, learner, workload, cluster, config.adapters_per_learner
+    )
+    if lmem.overflow():
+        knob = "lower learner.micro_batch_tokens, or add ranks with zero_stage 3"
+        if config.adapters_per_learner > 1:
+            knob = (
+                f"{lmem.adapters_fit()} adapter(s) fit beside the base: lower learner.adapters_per_actor or "
+                "learner.micro_batch_tokens"
+            )
+        refusals.append(_overflow_message("learner", lmem, knob))
     rmem = replica_memory(shape, inference, workload, cluster, placement.replicas_per_gpu)
     if rmem.overflow():
         refusals.append(
@@ -723,10 +846,12 @@ def make_plan(config: PlanConfig) -> Plan:
     lora = shape.lora_params(model.lora.rank, model.lora.target_modules)
     ltime = learner_time(shape, lora, learner, workload, cluster, max(1, placement.learner_nodes))
     rrate = replica_rate(shape, inference, workload, cluster)
-    requests = learner.groups_per_step * workload.requests_per_group
+    # A step of every trained policy: each asks for its own groups of the replicas and the rollout CPUs.
+    groups = policies * learner.groups_per_step
+    requests = groups * workload.requests_per_group
     replicas = max(1, len(placement.replicas))
     inference_s = requests * (workload.completion_tokens / rrate.tokens_per_s + rrate.prefill_s_per_request) / replicas
-    rollout_s = learner.groups_per_step * workload.phases_per_group * workload.rollout_s_per_phase
+    rollout_s = groups * workload.phases_per_group * workload.rollout_s_per_phase
     rollout_s /= workload.rollout_workers
     if workload.rollout_workers > cluster.nodes * cluster.cpus_per_node:
         notes.append(f"workload.rollout_workers {workload.rollout_workers} exceed the cluster's CPUs")
@@ -742,6 +867,7 @@ def make_plan(config: PlanConfig) -> Plan:
         rollout_s,
         tuple(refusals),
         tuple(notes),
+        per_policy,
     )
 
 
@@ -767,13 +893,34 @@ def render(plan: Plan) -> list[str]:
         f"= {learner.groups_per_step * w.records_per_group * w.tokens_per_record:,.0f} learner tokens; "
         f"{learner.groups_per_step * w.requests_per_group:,.0f} LLM requests of {w.completion_tokens:g} tokens"
     )
+    p, policies, held = plan.placement, plan.config.policies, plan.config.adapters_per_learner
+    if len(policies) > 1:
+        lines.append(
+            f"# league: {len(policies)} trained policies ({', '.join(policies)}), each step above per policy; "
+            f"learner.adapters_per_actor={learner.adapters_per_actor}: {plan.config.learners} learner(s) of "
+            f"{learner.ranks} rank(s), up to {held} adapter(s) on one base each"
+        )
     for role, memory in (("learner rank", plan.learner_mem), ("replica GPU", plan.replica_mem)):
         terms = ", ".join(f"{t.name} {t.gib:.2f} ({t.note})" for t in memory.terms)
         lines.append(f"# {role} GiB: {terms}; total {_g(memory.total)} of {_g(memory.capacity)}")
+    lm = plan.learner_mem
+    lines.append(
+        f"# adapters beside the base on one learner GPU: {lm.adapters_fit()} (once: {_g(lm.once)} GiB of base, "
+        f"runtime and one adapter's step; each adapter {_g(lm.per_adapter)} GiB of LoRA weights, fp32 master and "
+        f"Adam moments; capacity {_g(lm.capacity)})"
+    )
+    if plan.per_policy is not None:
+        lines.append(
+            f"# the {len(policies)}-policy league's learners take GPU(s) {gpu_list(p.learner)} where one learner per "
+            f"policy would take {gpu_list(plan.per_policy.learner)}; freed for replicas: "
+            + ", ".join(gpu_list([g]) for g in plan.freed)
+            + f" (replicas {len(plan.per_policy.replicas)} -> {len(p.replicas)})"
+        )
     lt, rr = plan.learner, plan.replica
     lines.append(
         f"# learner step s: compute {lt.compute_s:.2f}, optimizer {lt.optimizer_s:.3f}, exchange {lt.exchange_s:.3f}, "
         f"storage {lt.storage_s:.2f}"
+        + (f"; {held} adapters stepped in turn: {plan.learner_round_s:.2f} s a round" if held > 1 else "")
     )
     lines.append(
         f"# replica decode step ms at batch {rr.batch}: hbm {rr.memory_s * 1e3:.1f}, compute {rr.compute_s * 1e3:.1f}, "
@@ -782,12 +929,14 @@ def render(plan: Plan) -> list[str]:
     )
     lines += [f"# note: {n}" for n in plan.notes]
     lines += [f"# refused: {r}" for r in plan.refusals]
-    p = plan.placement
+    freed = f" freed_gpus={gpu_list(plan.freed)}" if plan.per_policy is not None else ""
     lines.append(
-        f"role=learner ranks={learner.ranks} gpus={gpu_list(p.learner)} zero_stage={learner.zero_stage} "
-        f"micro_batch_tokens={learner.micro_batch_tokens} learner_gpu_gib={_g(plan.learner_mem.total)} "
-        f"capacity_gib={_g(plan.learner_mem.capacity)} learner_tokens_per_s={lt.tokens_per_s:.0f} "
-        f"learner_step_s={lt.step_s:.2f}"
+        f"role=learner policies={len(policies)} adapters_per_actor={learner.adapters_per_actor} "
+        f"learners={plan.config.learners} ranks={learner.ranks} gpus={gpu_list(p.learner)}{freed} "
+        f"zero_stage={learner.zero_stage} micro_batch_tokens={learner.micro_batch_tokens} "
+        f"learner_gpu_gib={_g(lm.total)} capacity_gib={_g(lm.capacity)} adapters_fit={lm.adapters_fit()} "
+        f"learner_tokens_per_s={lt.tokens_per_s:.0f} learner_step_s={lt.step_s:.2f} "
+        f"learner_round_s={plan.learner_round_s:.2f}"
     )
     lines.append(
         f"role=replica replicas={len(p.replicas)} tensor_parallel_size={inference.tensor_parallel_size} "
@@ -806,6 +955,7 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     from diprl.inference.config import register_configs as register_inference
+    from diprl.league.config import register_configs as register_league
     from diprl.learn.config import register_configs as register_learner
     from diprl.policy.models import register_configs as register_models
 
@@ -813,6 +963,7 @@ def register_configs() -> None:
     store.store(name="base_plan", node=PlanConfig)
     store.store(group="cluster", name="base_cluster", node=ClusterConfig)
     store.store(group="workload", name="base_workload", node=Workload)
+    register_league()
     register_models()
     register_inference()
     register_learner()
@@ -823,6 +974,7 @@ def typed_plan_config(cfg: Any) -> PlanConfig:
     from omegaconf import OmegaConf
 
     from diprl.inference.config import ServerConfig
+    from diprl.league.config import LeagueConfig
     from diprl.learn.config import LearnerConfig
     from diprl.policy.models import preset_from_config
 
@@ -834,6 +986,7 @@ def typed_plan_config(cfg: Any) -> PlanConfig:
         ("learner", LearnerConfig),
         ("cluster", ClusterConfig),
         ("workload", Workload),
+        ("league", LeagueConfig),
     ):
         body = dict(raw.get(name) or {})
         body.pop("defaults", None)
@@ -853,11 +1006,13 @@ def typed_plan_config(cfg: Any) -> PlanConfig:
         learner=learner,
         cluster=sections["cluster"],
         workload=sections["workload"],
+        league=sections["league"],
     )
 
 
 def compose_plan(overrides: Sequence[str]) -> PlanConfig:
-    """`conf/plan.yaml` with Hydra overrides (`model=qwen3_14b cluster=h100x8 learner.ranks=2`)."""
+    """`conf/plan.yaml` with Hydra overrides (`model=qwen3_14b cluster=h100x8 learner.ranks=2`,
+    `league=league learner.adapters_per_actor=3`)."""
     from hydra import compose, initialize_config_dir
 
     register_configs()

@@ -159,6 +159,37 @@ def test_the_lm_head_chunk_caps_its_rows() -> None:
     assert learner_terms(logprob_chunk_tokens=5)["lm_head"] == 5 * 10 * 10
 
 
+def test_a_learner_host_counts_the_base_once_and_each_adapter_its_own_state() -> None:
+    one = learner_terms()
+    memory = plan.learner_memory(TINY, 2, ["q_proj", "v_proj"], learner(), workload(), cluster(), adapters=3)
+    three = {t.name: t.bytes for t in memory.terms}
+    assert three["base_weights"] == one["base_weights"] == 1288 * 2  # one frozen base for every policy
+    assert three["lora_weights"] == 3 * 112 * 2  # each adapter's bf16 LoRA
+    assert three["optimizer"] == 3 * 112 * 12  # each engine's fp32 master, Adam m and v
+    # DeepSpeed frees an engine's fp32 gradients and its bucket after its step; the host steps one adapter
+    # at a time, so they, like the activations, are one step's
+    for once in ("runtime_reserve", "lora_grads", "grad_bucket", "checkpoints", "layer_recompute", "lm_head"):
+        assert three[once] == one[once], once
+    assert memory.total == sum(one.values()) + 2 * 112 * (2 + 12)
+    assert memory.per_adapter == 112 * 14 and memory.once == sum(one.values()) - 112 * 14
+    with pytest.raises(plan.PlanError, match="at least one adapter"):
+        plan.learner_memory(TINY, 2, ["q_proj", "v_proj"], learner(), workload(), cluster(), adapters=0)
+
+
+def test_adapters_fit_is_the_largest_count_whose_memory_fits() -> None:
+    base = plan.learner_memory(TINY, 2, ["q_proj", "v_proj"], learner(), workload(), cluster())
+    room = cluster(gpu_memory_gib=(base.once + 5.5 * base.per_adapter) / 2**30)
+
+    def held(k: int) -> plan.Memory:
+        return plan.learner_memory(TINY, 2, ["q_proj", "v_proj"], learner(), workload(), room, adapters=k)
+
+    assert held(1).adapters_fit() == 5
+    assert held(5).overflow() is None and held(6).overflow() is not None
+    assert held(1).once > cluster(gpu_memory_gib=1e-6).gpu_memory_gib * 2**30
+    tight = plan.learner_memory(TINY, 2, ["q_proj"], learner(), workload(), cluster(gpu_memory_gib=1e-6))
+    assert tight.adapters_fit() == 0  # not even the base and one step fit
+
+
 @pytest.mark.parametrize(
     ("stage", "expected"),
     [
@@ -238,6 +269,21 @@ def test_replicas_are_capped_by_the_configured_maximum_and_may_share_gpus_only_w
     shared = plan.place(toy, 1, 1, 0.5, 1, 8)
     assert shared.replicas_per_gpu == 2 and len(shared.replicas) == 6
     assert (0, 0) not in {g for r in shared.replicas for g in r}  # never on the learner's GPU
+
+
+def test_learners_of_a_league_take_one_group_of_ranks_each_and_a_host_frees_the_rest() -> None:
+    toy = cluster(gpus_per_node=4)
+    separate = plan.place(toy, ranks=1, tp=1, replica_gpus=1.0, low=1, high=8, learners=3)
+    hosted = plan.place(toy, ranks=1, tp=1, replica_gpus=1.0, low=1, high=8, learners=1)
+    assert separate.learner == ((0, 0), (0, 1), (0, 2)) and len(separate.replicas) == 1
+    assert hosted.learner == ((0, 0),) and len(hosted.replicas) == 3
+    # each learner of 2 ranks on one node where one has room, so its exchange stays on NVLink
+    two_nodes = cluster(nodes=2, gpus_per_node=3)
+    pairs = plan.place(two_nodes, ranks=2, tp=1, replica_gpus=1.0, low=1, high=8, learners=2)
+    assert pairs.learner_groups() == [((0, 0), (0, 1)), ((1, 0), (1, 1))] and pairs.learner_nodes == 1
+    assert plan.place(toy, 2, 1, 1.0, 0, 8, learners=3).problem == (
+        "6 learner ranks (3 learners of 2) need 6 GPUs; the cluster has 4"
+    )
 
 
 # ------------------------------------------------------------------------------------------ time
@@ -345,6 +391,51 @@ def test_the_shipped_cluster_settings_fit_8b_and_name_what_14b_needs() -> None:
         code, lines, err = run_plan(*overrides)
         assert code == 0, (overrides, err)
         assert lines[-1].startswith("fits=1 ")
+
+
+LEAGUE_14B = ("model=qwen3_14b", "cluster=a100x8", "inference.tensor_parallel_size=2", "league=league")
+
+
+def test_a_three_role_league_on_one_host_takes_the_gpus_of_one_policy_and_names_those_it_frees() -> None:
+    code, lines, err = run_plan(*LEAGUE_14B, "learner.adapters_per_actor=3")
+    assert code == 0, err
+    host_lines = lines
+    host = fields(next(line for line in lines if line.startswith("role=learner")))
+    assert (host["policies"], host["learners"], host["gpus"], host["freed_gpus"]) == ("3", "1", "node0:0", "node0:1-2")
+    assert (
+        "# the 3-policy league's learners take GPU(s) node0:0 where one learner per policy would take node0:0-2; "
+        "freed for replicas: node0:1, node0:2 (replicas 2 -> 3)"
+    ) in lines
+    assert fields(next(line for line in lines if line.startswith("role=replica")))["gpus"] == "node0:1-6"
+    # the adapters step in turn: a league step is three of one policy's
+    assert float(host["learner_round_s"]) == pytest.approx(3 * float(host["learner_step_s"]), abs=0.02)
+
+    code, lines, _ = run_plan(*LEAGUE_14B, "learner.adapters_per_actor=1")
+    separate = fields(next(line for line in lines if line.startswith("role=learner")))
+    assert (separate["learners"], separate["gpus"], "freed_gpus" in separate) == ("3", "node0:0-2", False)
+    assert separate["learner_round_s"] == separate["learner_step_s"]
+    _, lines, _ = run_plan(*LEAGUE_14B[:3])
+    alone = fields(next(line for line in lines if line.startswith("role=learner")))
+    assert (alone["policies"], alone["learner_gpu_gib"]) == ("1", separate["learner_gpu_gib"])
+
+    # the host's GPU: one base (27.51 GiB) and three adapters' weights and optimiser state, not three bases
+    config = plan.compose_plan([*LEAGUE_14B, "learner.adapters_per_actor=3"])
+    memory = plan.make_plan(config).learner_mem
+    lora = plan.KNOWN_SHAPES["Qwen/Qwen3-14B"].lora_params(config.model.lora.rank, config.model.lora.target_modules)
+    assert float(host["learner_gpu_gib"]) == pytest.approx(
+        float(separate["learner_gpu_gib"]) + 2 * lora * 14 / 2**30, abs=0.01
+    )
+    assert memory.term("base_weights").gib == pytest.approx(27.51, abs=0.01)
+    assert int(host["adapters_fit"]) == memory.adapters_fit() == 4
+    assert any(line.startswith("# adapters beside the base on one learner GPU: 4 (") for line in host_lines)
+    assert int(separate["adapters_fit"]) == 4
+
+
+def test_more_adapters_than_fit_are_refused_naming_how_many_do() -> None:
+    code, _, err = run_plan(*LEAGUE_14B, "learner.adapters_per_actor=3", "learner.micro_batch_tokens=10240")
+    assert code == 1 and "does not fit: learner GPU needs" in err and "adapter(s) fit beside the base" in err
+    code, _, err = run_plan(*LEAGUE_14B, "learner.adapters_per_actor=3", "learner.ranks=2")
+    assert code == 2 and "adapters_per_actor > 1" in err
 
 
 def test_bad_input_is_a_clear_error() -> None:
