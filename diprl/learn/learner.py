@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -94,6 +95,7 @@ class Learner:
         self.pad_id = pad_token_id(tokenizer)
         self.life = Lifecycle(config, self.dist, self.run_dir, AdapterStore(adapter_root), self.preset, registry)
         self.quarantine = QuarantineFile(self.metrics_path.with_name(QUARANTINE_FILE), config.policy, self.dist.writer)
+        self._answered: float | None = None  # when train_next last returned (its idle time)
         self.intake = GroupIntake(
             queue, self.metrics_path.parent, config.groups_per_step, holdover=max(2 * config.groups_per_step, 16)
         )
@@ -197,15 +199,25 @@ class Learner:
         A batch taken by a previous life of this learner (killed mid-step) is trained first, unless its
         step was checkpointed (see `diprl.learn.intake`). `give_way`: stop waiting (None) as soon as it
         says true, as when another adapter of the same process has a batch ready (`diprl.learn.host`).
+
+        Where the learner's time between steps goes, in the report's metrics: `time_idle_s`, from its
+        previous answer to this call (the driver's bookkeeping and Ray's round trip; on a host, also the
+        other adapters' steps), and `time_wait_s`, waiting in this call for the queue to fill a batch.
         """
+        called = time.monotonic()
+        idle = called - self._answered if self._answered is not None else 0.0
         batch = self.intake.pending(self.step)
         if batch is None:
             batch = self.intake.take(self.versions.trainable, timeout_s, give_way)
             if batch is None:
+                self._answered = time.monotonic()
                 return None
+        waited = time.monotonic() - called
         self.intake.hold(batch, self.step + 1)
         report = self.train_step(batch)
         self.intake.release()
+        report.metrics.update(time_idle_s=idle, time_wait_s=waited)
+        self._answered = time.monotonic()
         return report
 
     def train_step(self, groups: Sequence[TrajectoryGroup]) -> StepReport:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.atomic_io import write_json_atomic
+from diprl.league.roles import ROLE_TABLE
 from diprl.run.config import Config
 from diprl.run.evaluations import EvalSchedule
 from diprl.run.faults import Watchdog, chaos
@@ -52,6 +53,13 @@ def _finished(pending: list[Any]) -> list[Any]:
         more, _ = ray.wait(rest, num_returns=len(rest), timeout=0, fetch_local=False)
         ready += more
     return list(ready)
+
+
+def may_reset(policy: str, league: Any) -> bool:
+    """Whether the league may answer a version of `policy` with a reset (its role's reset probability);
+    a policy no role names is assumed to (its learner then waits for each answer)."""
+    role = ROLE_TABLE.get(policy)
+    return role is None or role.reset_probability(league) > 0
 
 
 @dataclass
@@ -100,7 +108,15 @@ class Driver:
         self.rating: float | None = None
         self.evals = EvalSchedule(actors.evaluator, config.evaluation, journal, counters, league=actors.league)
         self.learning = LearnerLoop(
-            actors.learners, actors.queues, actors.league, journal, self.evals.protected, self.request_stop
+            actors.learners,
+            actors.queues,
+            actors.league,
+            journal,
+            self.evals.protected,
+            self.request_stop,
+            running=self.budget_left,
+            may_reset=lambda policy: may_reset(policy, config.league),
+            delivered=lambda policy: counters.delivered.get(policy, 0),
         )
         self.matches = MatchScheduler(
             actors.league,
@@ -238,6 +254,7 @@ class Driver:
             version,
             self.evals.last,
             self.rating,
+            trained_share=self.learning.trained_share("main"),
         )
 
     # ---------------------------------------------------------------- the end

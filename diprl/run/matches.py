@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from diprl.messages import POLICY_PATTERN, VERSION_PATTERN, Match, MatchReport
+from diprl.messages import POLICY_PATTERN, VERSION_PATTERN, Match, MatchReport, group_seat
 from diprl.run.journal import Journal
 from diprl.run.rundir import Counters
 
@@ -146,6 +146,10 @@ class MatchScheduler:
             ray.get(self.league.report.remote(report.results))
             self.counters.results += len(report.results)
         self.counters.groups += len(report.groups)
+        for gid in report.groups:  # a group goes to the queue of the policy playing its seat
+            seat = playing.match.seats.get(group_seat(gid)[1])
+            policy = seat.policy if seat is not None else ""
+            self.counters.delivered[policy] = self.counters.delivered.get(policy, 0) + 1
         self.counters.completions += report.counts.completions
         self.counters.hero_completions += report.counts.hero_completions
         self.counters.bad_completions += report.counts.bad_completions

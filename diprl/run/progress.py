@@ -95,8 +95,10 @@ def progress_fields(
     version: str,
     evals: dict[str, float],
     rating: float | None,
+    trained_share: float | None = None,
 ) -> dict[str, Any]:
-    """The progress line: step, rates, rewards, queue, lag, version, last evaluation, rating, faults."""
+    """The progress line: step, rates, rewards, queue, the share of delivered groups trained, lag, version,
+    last evaluation, rating, faults."""
     fields: dict[str, Any] = {
         "step": step,
         "groups/s": round(stats.groups_per_s(), 3),
@@ -104,9 +106,10 @@ def progress_fields(
         "reward": round(mean(stats.returns), 3),
         "hero_sc": round(mean(stats.centres), 2),
         "queue": queue_depth,
-        "lag": round(float(learner.get("policy_lag_mean", 0.0)), 2),
-        "version": version,
     }
+    if trained_share is not None:  # of the groups delivered to the learner's queue, the share it trained
+        fields["trained"] = round(trained_share, 2)
+    fields |= {"lag": round(float(learner.get("policy_lag_mean", 0.0)), 2), "version": version}
     for opponents, centres in evals.items():
         fields[f"eval_sc[{opponents}]"] = round(centres, 2)
     if rating is not None:

@@ -20,7 +20,7 @@ import os
 import re
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -246,6 +246,7 @@ class Counters:
 
     matches: int = 0
     groups: int = 0
+    delivered: dict[str, int] = field(default_factory=dict)  # ... of them per policy (its queue's)
     completions: int = 0  # LLM decisions the rollouts made (every seat, phase and fork)
     hero_completions: int = 0  # ... of them by the hero seat
     bad_completions: int = 0  # ... of them malformed (the game layer played defaults)
