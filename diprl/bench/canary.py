@@ -20,6 +20,12 @@ passes:
   are several cache blocks long, so a reused block shows. If this vLLM does not reuse them, the served
   output is the new weights' and there is no fault to catch: `prefix_reuse_seen=0` says so, and it is
   not counted as injected.
+- `killed_mid_load`: an honest version whose first load is cut off while its canary is being served
+  (the request cancelled, as when the replica or the caller dies mid-publish). The replica must not keep
+  it loaded unproven: the next request loads it again and serves its canary in full. Caught when it
+  does; a replica that served the version without a finished probe missed it. (A replica process that
+  dies loses everything it loaded; its successor proves each version on first use, which
+  `train.chaos=[policy-server]` exercises in a run.)
 
 Costs: the learner's canary (decode of the canary set, timed after every step) against the mean step,
 amortised over the cadence: `canary_cost = canary s / (canary_every x step s)`, the share of the
@@ -122,11 +128,22 @@ async def serve(
 ) -> dict[str, Any]:
     from vllm.lora.request import LoRARequest
 
+    from diprl.inference.canary import CANARY_FILE
     from diprl.inference.policy_engine import PolicyEngine
 
     skipped_as = store.resolve(clean[-2])
 
+    last = store.resolve(clean[-1])
+    canary = (last.path / CANARY_FILE).read_bytes()
+    killed = store.publish("main", _peft_files(last.path, tmp / "killed"), base_model=config.model, canary=canary)
+    probing = asyncio.Event()
+
     class SkipsAReload(PolicyEngine):
+        async def _check_canary(self, version: Any, lora: Any) -> None:
+            if version.name == killed.name:
+                probing.set()  # the probe of the version whose load is cut off has started
+            await super()._check_canary(version, lora)
+
         def _verified_copy(self, name: str) -> Any:
             version, path = super()._verified_copy(name)
             if name == faults["reload_skipped"]:  # the old copy for the new name
@@ -142,6 +159,7 @@ async def serve(
             result = (await engine.generate([{"policy": name, "prompt": "A PAR", "max_tokens": 1}]))[0]
             out["alarms"][name] = result.error is not None and result.error.startswith("CanaryMismatch")
             out["probe_s"].append(engine.canary_seconds - before)
+        out["killed"] = await _cut_off(engine, killed.name, probing)
         out["stats"] = engine.canary_stats()
         # prefix_reuse: one name and path, first with the previous weights (their canary prompts cached), then
         # re-registered with the last weights; the canary is the last weights'.
@@ -164,6 +182,28 @@ async def serve(
     finally:
         engine.shutdown()
     return out
+
+
+async def _cut_off(engine: Any, name: str, probing: asyncio.Event) -> dict[str, Any]:
+    """Load `name` and cancel the load while its canary is served; then ask for it again."""
+    request = [{"policy": name, "prompt": "A PAR", "max_tokens": 1}]
+    first = asyncio.ensure_future(engine.generate(request))
+    await asyncio.wait_for(probing.wait(), engine.config.request_timeout_s)
+    await asyncio.sleep(0.05)  # the canary requests are in the engine
+    cut_off = not first.done()  # else the probe finished first: nothing was cut off, nothing to judge
+    first.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
+    left_loaded = name in engine._loras  # loaded without a finished probe
+    checks = engine.canary_checks
+    again = (await engine.generate(request))[0]
+    return {
+        "version": name,
+        "cut_off": cut_off,
+        "left_loaded": left_loaded,
+        "reproved": engine.canary_checks == checks + 1 and again.error is None,
+        "error": again.error,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     alarms = served["alarms"]
     false_alarms = sum(alarms[v] for v in [*clean, *bytes_only])
     caught = {fault: alarms[name] for fault, name in faults.items()}
-    injected = len(faults) + int(served["prefix_reuse_seen"])
+    killed = served["killed"]
+    if killed["cut_off"]:
+        caught["killed_mid_load"] = not killed["left_loaded"] and killed["reproved"]
+    injected = len(caught) + int(served["prefix_reuse_seen"])
     n_caught = sum(caught.values()) + int(served["prefix_reuse_seen"])
     step_s, canary_s = statistics.mean(trained["step_s"]), statistics.mean(trained["canary_s"])
     probe_s = served["probe_s"][1 : len(clean)] or served["probe_s"]  # the first load also warms the engine up
@@ -224,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fault {fault:15s} as {name}: {'caught' if caught[fault] else 'MISSED'}")
     seen = int(served["prefix_reuse_seen"])
     print(f"fault prefix_reuse: the re-registered adapter served other than its new weights: {seen}")
+    verdict = ("caught" if caught["killed_mid_load"] else "MISSED") if killed["cut_off"] else "not injected"
+    print(
+        f"fault killed_mid_load as {killed['version']}: {verdict} (cut off mid-probe: {killed['cut_off']}; left "
+        f"loaded unproven: {killed['left_loaded']}; proven again on the next request: {killed['reproved']}"
+        f"{'; ' + str(killed['error']) if killed['error'] else ''})"
+    )
     print(
         f"learner step {step_s:.3f} s (a publish's canary included), learner canary {canary_s:.3f} s "
         f"({canary_s / step_s:.3f} of a step, one version in {args.canary_every}), "
