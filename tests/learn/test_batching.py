@@ -145,3 +145,32 @@ def test_sparse_masked_logprobs_equal_the_dense_reference(table: TokenTable) -> 
         assert entropy is not None and bool((entropy >= -1e-6).all())
         single = [i for i, a in enumerate(prepared.allowed) if len(a) == 1]
         assert all(abs(float(entropy[i])) < 1e-6 and abs(float(ours[i])) < 1e-6 for i in single)
+
+
+def test_the_head_multiplies_only_the_allowed_columns_of_positions_with_a_choice(table: TokenTable) -> None:
+    """Forced positions (one allowed id) skip the head; the others meet only the rows their chunk allows.
+    Same values and gradients as the dense reference over the whole 151,936-wide vocabulary."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    rng = np.random.default_rng(1)
+    prepared = prepare_record(_record(table, seed=4), table)
+    n, hidden_size = len(prepared.completion_ids), 16
+    free = [i for i, a in enumerate(prepared.allowed) if len(a) > 1]
+    assert 0 < len(free) < n  # the record has both kinds
+    hidden = torch.tensor(rng.normal(size=(n, hidden_size)), dtype=torch.float32, requires_grad=True)
+    weight = torch.tensor(rng.normal(size=(151936, hidden_size)), dtype=torch.float32)
+    targets, temps = torch.tensor(prepared.completion_ids), torch.full((n,), 0.8)
+    with FlopCounterMode(display=False) as counter:
+        ours, _ = completion_logprobs(hidden, weight, targets, temps, prepared.allowed, chunk_tokens=n)
+    union = np.unique(np.concatenate([prepared.allowed[i] for i in free]))
+    assert counter.get_total_flops() == 2 * len(free) * len(union) * hidden_size
+    assert all(float(ours[i]) == 0.0 for i in range(n) if i not in free)
+    (grad,) = torch.autograd.grad(ours.sum(), hidden)
+    dense_hidden = hidden.detach().clone().requires_grad_(True)
+    dense = constrained_logprobs(dense_hidden @ weight.T, prepared.allowed, targets, 0.8)
+    (dense_grad,) = torch.autograd.grad(dense.sum(), dense_hidden)
+    assert torch.allclose(ours, dense, atol=1e-5) and torch.allclose(grad, dense_grad, atol=1e-5)
+    with pytest.raises(ValueError, match="outside the ids its constraint allows"):
+        outside = targets.clone()
+        outside[free[0]] = int(np.setdiff1d(np.arange(151936), union)[0])
+        completion_logprobs(hidden, weight, outside, temps, prepared.allowed, chunk_tokens=n)

@@ -409,6 +409,9 @@ def test_one_bad_record_is_quarantined_and_the_rest_of_the_step_trains(
     assert metrics.trained is True and shared.step == step + 1 and metrics.published is not None
     assert math.isfinite(metrics.metrics["loss"]) and math.isfinite(metrics.metrics["grad_norm"])
     assert metrics.metrics["records"] == 3 and metrics.metrics["quarantined"] == 1
+    kept = [shared._prepare([r], rl=True)[0] for k, r in enumerate(group.records) if k != 2]
+    forced = sum(len(a) == 1 for r in kept for a in r.allowed) / sum(len(r.completion_ids) for r in kept)
+    assert 0 < metrics.metrics["forced_token_share"] == pytest.approx(forced)  # the trained records' share
     [entry] = metrics.quarantined
     assert entry["reason"] == reason and entry["index"] == 2
     assert entry["group_id"] == group.group_id and entry["policy_version"] == version
