@@ -20,7 +20,7 @@ from typing import Any
 from diprl.game import PowerOrders
 from diprl.imitation.teacher import TeacherExample
 from diprl.policy.constraint import OrderConstraint
-from diprl.policy.logprobs import ConstraintLogitsProcessor
+from diprl.policy.logprobs import constrained_greedy
 from diprl.policy.vocab import TokenTable
 
 
@@ -36,40 +36,14 @@ def greedy_completions(
 
     Batched by similar prompt length (less padding), returned in the examples' order.
     """
-    import torch
-    from transformers import GenerationConfig, LogitsProcessorList
-
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].prompt_ids))
     out: list[list[int]] = [[] for _ in examples]
-    config = GenerationConfig(
-        do_sample=False,
-        num_beams=1,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=table.eos_id,
-        pad_token_id=pad_id,
-        use_cache=True,
-    )
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                prompts = [examples[i].prompt_ids for i in rows]
-                width = max(len(p) for p in prompts)
-                ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
-                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-                constraints = [OrderConstraint(PowerOrders.from_dict(examples[i].legal), table) for i in rows]
-                processor = ConstraintLogitsProcessor(constraints, width, table.eos_id)
-                generated = model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    generation_config=config,
-                    logits_processor=LogitsProcessorList([processor]),
-                )
-                for i, row in zip(rows, generated[:, width:].tolist(), strict=True):
-                    out[i] = row[: row.index(table.eos_id) + 1] if table.eos_id in row else row
-    finally:
-        model.train(was_training)
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        constraints = [OrderConstraint(PowerOrders.from_dict(examples[i].legal), table) for i in rows]
+        completions, _ = constrained_greedy(
+            model, [examples[i].prompt_ids for i in rows], constraints, table.eos_id, pad_id, max_new_tokens
+        )
+        for i, completion in zip(rows, completions, strict=True):
+            out[i] = completion
     return out

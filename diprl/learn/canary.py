@@ -21,7 +21,7 @@ from typing import Any
 
 from diprl.inference.canary import CANARY_MAX_TOKENS, Canary, CanaryItem, CanaryPrompt, canary_prompts
 from diprl.policy.constraint import OrderConstraint
-from diprl.policy.logprobs import ConstraintLogitsProcessor
+from diprl.policy.logprobs import constrained_greedy
 from diprl.policy.vocab import TokenTable, token_table
 
 __all__ = ["canary_bytes", "learner_canary", "version_canary"]
@@ -31,44 +31,21 @@ def learner_canary(model: Any, table: TokenTable, prompts: Sequence[CanaryPrompt
     """The canary of `model`'s current weights: each prompt's greedy completion under its legal orders
     (EOS included) and every completion token's masked log-probability at temperature 1."""
     import torch
-    from transformers import GenerationConfig, LogitsProcessorList
 
     pad = table.eos_id if pad_id is None else pad_id
-    width = max(len(p.prompt_ids) for p in prompts)
-    device = next(model.parameters()).device
-    ids = torch.tensor([[pad] * (width - len(p.prompt_ids)) + list(p.prompt_ids) for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in prompts], device=device)
-    processor = ConstraintLogitsProcessor([OrderConstraint(p.legal, table) for p in prompts], width, table.eos_id)
-    config = GenerationConfig(
-        do_sample=False,
-        num_beams=1,
-        max_new_tokens=CANARY_MAX_TOKENS,
-        eos_token_id=table.eos_id,
-        pad_token_id=pad,
-        use_cache=True,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    was_training = model.training
+    constraints = [OrderConstraint(p.legal, table) for p in prompts]
     threads = torch.get_num_threads()
-    model.eval()
     try:
-        if device.type == "cpu":
+        if next(model.parameters()).device.type == "cpu":
             torch.set_num_threads(1)
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                generation_config=config,
-                logits_processor=LogitsProcessorList([processor]),
-            )
+        completions, scores = constrained_greedy(
+            model, [p.prompt_ids for p in prompts], constraints, table.eos_id, pad, CANARY_MAX_TOKENS, with_scores=True
+        )
     finally:
         torch.set_num_threads(threads)
-        model.train(was_training)
-    logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)  # [B, T, V]
+    logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in scores], dim=1)  # [B, T, V]
     items = []
-    for row, (prompt, generated) in enumerate(zip(prompts, out.sequences[:, width:].tolist(), strict=True)):
-        tokens = generated[: generated.index(table.eos_id) + 1] if table.eos_id in generated else generated
+    for row, (prompt, tokens) in enumerate(zip(prompts, completions, strict=True)):
         picked = logprobs[row, torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
         items.append(CanaryItem(prompt, tuple(tokens), tuple(float(x) for x in picked)))
     return Canary(tuple(items))

@@ -85,3 +85,48 @@ class ConstraintLogitsProcessor:
             else:
                 allowed.append(constraint.allowed_token_ids(ids))
         return mask_rows_(scores, range(len(allowed)), allowed)
+
+
+def constrained_greedy(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    constraints: Sequence[OrderConstraint],
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    with_scores: bool = False,
+) -> tuple[list[list[int]], Any]:
+    """Each prompt's greedy completion under its constraint (cut after EOS, EOS kept), in one `generate`
+    of the prompts left-padded to a common width; with `with_scores`, also the processed scores of each
+    generated position ([B, V] per position, as `generate` returns them). The model is put in eval mode
+    and given back in the mode it was in."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    width = max(len(p) for p in prompts)
+    device = next(model.parameters()).device
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    config = GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        use_cache=True,
+        output_scores=with_scores,
+        return_dict_in_generate=True,
+    )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([ConstraintLogitsProcessor(constraints, width, eos_id)]),
+            )
+    finally:
+        model.train(was_training)
+    rows = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in out.sequences[:, width:].tolist()]
+    return rows, (out.scores if with_scores else None)
