@@ -1,6 +1,6 @@
 """`LearnerGroup`: one policy's learner as `learner.ranks` data-parallel ranks behind the one actor the driver knows.
 
-The driver talks to `learner-<policy>` exactly as to a one-rank learner (`train_next`, `state`, `reset`,
+The driver talks to `learner-<policy>` exactly as to a one-rank learner (`train_next`, `state`, `reset`, `rollback`,
 `prune_versions`, `save_checkpoint`, `pid_of`). With `learner.ranks` > 1 that actor is a `LearnerGroup`:
 it holds no model and no process group, only the policy's intake (its queue and `pending.json`, see
 `diprl.learn.intake`) and N rank actors in a Ray placement group (PACK, one bundle per rank with its
@@ -303,6 +303,11 @@ class LearnerGroup:
 
     def reset(self) -> str:
         name = str(self._run("reset"))
+        self._sync()
+        return name
+
+    def rollback(self, to_version: str, decision: str | None = None) -> str:
+        name = str(self._run("rollback", to_version, decision))
         self._sync()
         return name
 

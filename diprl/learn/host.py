@@ -5,7 +5,8 @@ policy every learner loads the base; a host loads it once (`diprl.learn.model.lo
 policy's adapter a module tree over the same weight tensors (`sharing_copy`). Everything else stays the
 policy's own: each is a whole `Learner` with its LoRA weights, DeepSpeed engine and optimiser state, KL
 reference, version counter and staleness window, quarantine, queue, pending batch and checkpoints, and it
-publishes `<policy>@v<N>` as before. A reset (a league exploiter's) rebuilds that adapter alone.
+publishes `<policy>@v<N>` as before. A reset (a league exploiter's) or a rollback (main's, to its best version)
+rebuilds that adapter alone.
 
 Steps run adapter by adapter, each on its own policy's batch, exactly the step a learner of its own would
 take (`python -m diprl.bench learner` compares them weight for weight): one step is one policy's, counted
@@ -111,6 +112,10 @@ class LearnerHost:
 
     def reset(self, policy: str) -> str:
         return self.learner(policy).reset()
+
+    def rollback(self, policy: str, to_version: str, decision: str | None = None) -> str:
+        """`policy`'s adapter alone back to `to_version`'s weights (`Learner.rollback`); the others are untouched."""
+        return self.learner(policy).rollback(to_version, decision)
 
     def prune_versions(self, policy: str, keep: Iterable[str] = ()) -> list[str]:
         return self.learner(policy).prune_versions(keep)

@@ -179,6 +179,27 @@ class Learner:
         self.passes.model = TrainedModel.build(self.preset, self.config, self.rank_spec, None, seed, self.base)
         return self.life.reset(self.model)
 
+    def rollback(self, to_version: str, decision: str | None = None) -> str:
+        """Restore `to_version`'s published weights (the league's best version) and publish them as the next version.
+
+        The weights are read back from the AdapterStore, so the new version's adapter equals `to_version`'s
+        exactly. The optimiser state is fresh, not kept: Adam's moments at the collapsed version are those of
+        the updates that led into the collapse, and would push the restored weights straight back along them.
+        The KL reference becomes the restored weights, groups sampled before the rollback are dropped as stale
+        (the collapsed network's), and the step counter (and with it the learning-rate schedule) goes on.
+        Checkpointed at once. `decision` names the league's rollback decision: the same decision asked again
+        (a retried call, a driver resumed before it told the league) answers the version that carried it out,
+        without rolling back twice. A version the store no longer holds is an error; nothing changes then.
+        """
+        if decision is not None and decision in self.life.rollbacks:
+            return self.life.rollbacks[decision]
+        source = self.life.source_of(to_version)
+        self.engine.destroy()
+        self.passes.model = TrainedModel.build(
+            self.preset, self.config, self.rank_spec, source, self.config.seed, self.base
+        )
+        return self.life.rolled_back(self.model, to_version, decision)
+
     def prune_versions(self, keep: Iterable[str] = ()) -> list[str]:
         """Remove this policy's old versions from the AdapterStore; returns the names removed.
 

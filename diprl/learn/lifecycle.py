@@ -42,11 +42,12 @@ from diprl.learn.report import MetricsLog
 from diprl.learn.state_files import read_state, state_paths, write_state
 from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
 from diprl.learn.versions import VersionBook
-from diprl.messages import ZOO_PREFIX
+from diprl.messages import ZOO_PREFIX, PolicyRef, UnknownPolicyRef
 from diprl.policy.models import ModelPreset
 
 logger = logging.getLogger(__name__)
 
+ROLLBACK_MEMORY = 16  # rollbacks remembered (decision -> the version that carried it out), for retried calls
 ENGINE_STATE = "engine"  # trainable and master weights, optimizer moments, engine counters
 LEARNER_STATE = "learner"  # step, versions, counters, EMA reference, RNG states
 CHECKPOINT_FILES = tuple(p.name for name in (ENGINE_STATE, LEARNER_STATE) for p in state_paths(Path(), name))
@@ -58,6 +59,7 @@ COUNTERS = (
     "dropped_foreign",
     "old_weights_missing",
     "resets",
+    "rollbacks",
     "nonfinite_steps",
     "quarantined",
     "publish_failures",
@@ -98,6 +100,7 @@ class Lifecycle:
         self._publish_due = False  # a publish failed (full disk, ...): retry after the next step
         self._checkpoint_due = False
         self._publishes = 0  # in this process: every `canary_every`-th carries a canary, the first included
+        self.rollbacks: dict[str, str] = {}  # rollback decision -> the version that carried it out (checkpointed)
 
     @property
     def registry(self) -> Any:
@@ -149,6 +152,32 @@ class Lifecycle:
         name = self.publish(model)
         self.versions.reset()
         self.save_checkpoint(model)
+        return name
+
+    def source_of(self, version: str) -> Path:
+        """The AdapterStore directory of a published `version` of this policy (what a rollback restores)."""
+        try:
+            ref = PolicyRef.parse(version)
+        except UnknownPolicyRef:
+            ref = None
+        if ref is None or not ref.is_adapter or ref.policy != self.config.policy:
+            raise ValueError(f"{self.config.policy}: cannot roll back to {version!r}, not a version of this policy")
+        return self.store.resolve(version).path
+
+    def rolled_back(self, model: TrainedModel, to_version: str, decision: str | None) -> str:
+        """`model` holds `to_version`'s weights under a fresh optimiser: they are the KL reference and the next
+        version; groups sampled before it are the collapsed network's (stale). Checkpointed at once, with
+        `decision` remembered, so a retried or resumed rollback of the same decision is not carried out twice."""
+        self.ema = lora_state(model.peft)
+        name = self.publish(model)
+        self.versions.reset()
+        self.counters["rollbacks"] += 1
+        if decision is not None:
+            self.rollbacks[decision] = name
+            for old in list(self.rollbacks)[:-ROLLBACK_MEMORY]:
+                del self.rollbacks[old]
+        self.save_checkpoint(model)
+        logger.warning("%s: rolled back to %s's weights, published as %s", self.config.policy, to_version, name)
         return name
 
     # ------------------------------------------------------------------ after a step
@@ -300,6 +329,7 @@ class Lifecycle:
             "weights_version": self.weights_version,
             "min_version": self.versions.min_version,
             "counters": dict(self.counters),
+            "rollbacks": dict(self.rollbacks),
             "ema": {k: v.clone() for k, v in self.ema.items()},
             "rng": rng_state(),
             "config": asdict(self.config),
@@ -325,6 +355,9 @@ class Lifecycle:
         self.versions.restore(state)
         self.weights_version = state["weights_version"]
         self.counters.update(state["counters"])
+        self.rollbacks = {
+            str(k): str(v) for k, v in dict(state.get("rollbacks") or {}).items()
+        }  # absent before rollbacks
         self.ema = {k: v.float() for k, v in state["ema"].items()}
         restore_rng_state(rng)
         self.last_checkpoint = checkpoint.path

@@ -140,3 +140,17 @@ def test_an_unknown_policy_is_a_clear_error(trained: Trained) -> None:
     host, _ = trained
     with pytest.raises(HostError, match=r"trains \['main', 'rival'\], not 'ghost'"):
         host.state("ghost")
+
+
+def test_a_rollback_restores_that_adapter_alone_to_a_published_version(trained: Trained) -> None:
+    host, _ = trained
+    rival_before = lora_state(host.learner("rival").peft)
+    best = host.learner("main").store.resolve("main@v2").path
+    version = host.rollback("main", "main@v2", "main@v4->main@v2")
+    assert version == host.latest_version("main") and version != "main@v2"
+    restored = host.learner("main").store.resolve(version).path
+    assert (restored / "adapter_model.safetensors").read_bytes() == (best / "adapter_model.safetensors").read_bytes()
+    assert host.rollback("main", "main@v2", "main@v4->main@v2") == version  # the same decision: once
+    rival_after = lora_state(host.learner("rival").peft)
+    assert all(torch.equal(rival_before[k], rival_after[k]) for k in rival_before)
+    assert _base_weight(host.learner("main")).data_ptr() == host.base.model.embed_tokens.weight.data_ptr()
