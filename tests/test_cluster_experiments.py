@@ -77,6 +77,22 @@ def test_the_cluster_experiments_keep_the_plans_learner_and_rollouts(experiment:
     assert config.rollout.num_workers == plan.workload.rollout_workers
 
 
+@pytest.mark.parametrize(
+    "overrides", [[], ["model=qwen3_14b", "inference.tensor_parallel_size=2", "train.max_steps=500"]]
+)
+def test_the_league_cluster_budget_holds_its_steps_at_the_pace_of_a_league(overrides: list[str]) -> None:
+    """A league step is one step of every role, its groups all served: the plan of all three roles sizes it."""
+    config, _ = compose_config(["+experiment=league_cluster", *overrides])
+    sized = [w for w in overrides if w.startswith(("model=", "inference.", "learner."))]
+    plan = make_plan(compose_plan([*sized, "league=league", f"cluster={PLAN_CLUSTER}"]))
+    assert plan.fits, plan.refusals
+    assert plan.config.policies == tuple(config.league.roles) == ("main", "main_exploiter", "league_exploiter")
+    assert config.train.max_minutes * 60 >= config.train.max_steps * plan.step_s + START_UP_S, (
+        config.train.max_steps,
+        plan.step_s,
+    )
+
+
 def test_figures_quoted_from_the_inference_config_match_it() -> None:
     """One source: what the docs say `conf/inference/cluster.yaml` holds is what it holds."""
     import yaml
