@@ -65,6 +65,8 @@ class HealthConfig:
     z: float = Z95  # the intervals' normal quantile (95%)
     guards: GuardConfig = field(default_factory=GuardConfig)
     rollback: bool = False  # when a guard fires, decide a rollback of main to its best version
+    pin_every: int = 2  # main's 1st snapshot and every pin_every-th after it join the evaluator's pool (0: none)
+    pin_max: int = 3  # at most this many pinned: the frozen pool stays fixed once full (evaluation cost)
 
     def __post_init__(self) -> None:
         if self.every_steps < 1:
@@ -75,6 +77,9 @@ class HealthConfig:
             raise ValueError(f"league.health.rpp_snapshots must be >= 1, got {self.rpp_snapshots}")
         if self.z <= 0.0:
             raise ValueError(f"league.health.z must be positive, got {self.z}")
+        for name in ("pin_every", "pin_max"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"league.health.{name} must be >= 0, got {getattr(self, name)}")
 
 
 # ----------------------------------------------------------------------------------------- intervals

@@ -81,6 +81,7 @@ class LeagueManager:
         self.entries_logged = 0  # entries already in a health record
         self.events: list[dict[str, Any]] = []  # league events: rollback decisions
         self.rollback: RollbackDecision | None = None  # decided, not yet carried out by the learner
+        self.pinned: list[str] = []  # main's snapshots pinned into the evaluator's frozen pool (`eval_pins`)
         self.refused: dict[str, str] = {}  # versions a replica refused by their canary -> why
         self.registered: dict[str, list[str]] = {}  # per role, its registered versions (oldest first)
         state = load_state(self.dir)
@@ -341,6 +342,7 @@ class LeagueManager:
             "best": self.best.to_dict()["best"],
             "events": list(self.events),
             "rollback_pending": None if self.rollback is None else self.rollback.to_dict(),
+            "eval_pinned": self.eval_pins(),
         }
 
     # ------------------------------------------------------------------------------------ health
@@ -396,6 +398,8 @@ class LeagueManager:
             out["league/best_score"] = self.best.best.score
         if self.rollback is not None:
             out["league/rollback_pending"] = self.rollback.to_dict()
+        if self.pinned:
+            out["league/eval_pinned"] = self.eval_pins()
         return out
 
     def observe_evaluation(
@@ -458,6 +462,16 @@ class LeagueManager:
         self.rollback = None
         self._save()
 
+    def eval_pins(self) -> list[str]:
+        """Main's snapshots for the evaluator's frozen pool, oldest first (`league.health.pin_every`, `pin_max`).
+
+        Main's first snapshot and every `pin_every`-th after it is pinned until `pin_max` are: the pool then
+        stays as it is, so later versions meet the same past selves on the same seeded games. The driver pins
+        each into the evaluator (`Evaluator.pin`, idempotent) before its next evaluation. A version a replica
+        refused by its canary is left out (it could not be played).
+        """
+        return [v for v in self.pinned if v not in self.refused]
+
     # ------------------------------------------------------------- what the role table reads (LeagueView)
     def anchors(self) -> list[str]:
         return [k for k in self.config.anchors if k in self.members]
@@ -519,7 +533,14 @@ class LeagueManager:
             self.members[version] = Member(version, SNAPSHOT, policy, version)
             self.ratings.set(version, self.ratings.get(policy))  # same weights as the learner right now
             self.roles[policy].snapshots += 1
+            self._pin(policy, version, self.roles[policy].snapshots - 1)
         return version
+
+    def _pin(self, policy: str, version: str, index: int) -> None:
+        """Pin main's `index`-th snapshot (0: its first) into the frozen evaluation pool if the rule says so."""
+        h = self.config.health
+        if policy == MAIN and h.pin_every and index % h.pin_every == 0 and len(self.pinned) < h.pin_max:
+            self.pinned.append(version)
 
     def _exploiter_label(self, policy: str) -> str:
         """An exploiter's generation: its name and the number of resets before it (each reset is a new adapter)."""
@@ -677,6 +698,7 @@ class LeagueManager:
                 "entries_logged": self.entries_logged,
                 "events": self.events,
                 "rollback": None if self.rollback is None else self.rollback.to_dict(),
+                "pinned": list(self.pinned),
             },
             "canary": {"refused": dict(self.refused), "registered": {p: list(v) for p, v in self.registered.items()}},
         }
@@ -700,6 +722,7 @@ class LeagueManager:
         self.events = [dict(e) for e in health.get("events", [])]
         rollback = health.get("rollback")
         self.rollback = None if rollback is None else RollbackDecision.from_dict(rollback)
+        self.pinned = [str(v) for v in health.get("pinned", [])]  # absent before the frozen evaluation pool
         canary = state.get("canary") or {}  # absent in states written before canary refusals
         self.refused = {str(k): str(v) for k, v in dict(canary.get("refused") or {}).items()}
         self.registered = {str(p): [str(v) for v in vs] for p, vs in dict(canary.get("registered") or {}).items()}

@@ -10,6 +10,11 @@ Each finished evaluation is also told to the league (`LeagueManager.observe_eval
 best version and runs the collapse guards; a guard that fires is a `fault` record here, a rollback the
 league decides a `league` record.
 
+The frozen evaluation pool: before each evaluation the league's pins (`LeagueManager.eval_pins`: main's
+first snapshot and every `league.health.pin_every`-th after it, at most `pin_max`) are handed to the
+evaluator (`Evaluator.pin`), so main meets its own past on the same seeded games every time; a new pin is a
+`league` record (`league/eval_pin`, `eval/pool`), and its games are `eval` records like any opponent's.
+
 A version a replica refused by its canary is not evaluated: the league's stand-in for it (the newest
 earlier version no replica refused, `LeagueManager.verified`) is, and the `eval` records name it.
 """
@@ -41,6 +46,7 @@ class EvalSchedule:
     last_version: str | None = None
     last: dict[str, float] = field(default_factory=dict)  # opponents -> hero mean centres of the latest evaluation
     league: Any = None  # the LeagueManager actor, told every evaluation (None: nobody is)
+    pinned: set[str] = field(default_factory=set)  # the league's pins already handed to the evaluator
 
     def start(self, version: str, step: int) -> None:
         e = self.config
@@ -62,9 +68,27 @@ class EvalSchedule:
             import ray
 
             version = str(ray.get(self.league.verified.remote(version)))
+            self._pin(step)
         ref = self.evaluator.evaluate.remote(version, f"step{step}")
         self.running[ref] = (version, step, attempt)
         return ref
+
+    def _pin(self, step: int) -> None:
+        """Hand the evaluator the league's new pins (main's snapshots for the frozen pool) before an evaluation.
+
+        `Evaluator.pin` is idempotent and the evaluator keeps its pins on disk, so a resumed driver hands
+        them over again harmlessly; a pin is on record (a `league` record) only when it entered the pool."""
+        import ray
+
+        new = [v for v in ray.get(self.league.eval_pins.remote()) if v not in self.pinned]
+        if not new:
+            return
+        before = set(ray.get(self.evaluator.pool.remote()))
+        for version in new:
+            pool = list(ray.get(self.evaluator.pin.remote(version)))
+            self.pinned.add(version)
+            if version not in before:
+                self.journal.log("league", {"step": step, "league/eval_pin": version, "eval/pool": pool})
 
     def refs(self) -> list[Any]:
         return list(self.running)

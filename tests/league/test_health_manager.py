@@ -124,3 +124,25 @@ def test_without_rollback_configured_guards_only_report(tmp_path: Path) -> None:
     answer = manager.observe_evaluation("main@v1", 0, 4.0, 3.6, 4.4, {"hold_rate": 0.99})
     assert [f["guard"] for f in answer["faults"]] == ["hold_rate"] and answer["rollback"] is None
     assert manager.pending_rollback() is None
+
+
+def test_main_snapshots_are_pinned_on_the_rule_and_the_pool_stays_frozen(tmp_path: Path) -> None:
+    """Main's 1st snapshot and every 2nd after it, at most 2: v2 and v4; exploiters' snapshots never."""
+    manager = league(
+        tmp_path, roles=["main", "main_exploiter"], snapshot_steps=1, health=HealthConfig(pin_every=2, pin_max=2)
+    )
+    assert manager.eval_pins() == [] and "league/eval_pinned" not in manager.health()
+    for n in range(2, 8):
+        assert manager.register_version("main", f"main@v{n}", 2 * n).snapshot  # 2N steps after the last: always
+        manager.register_version("main_exploiter", f"main_exploiter@v{n}", 2 * n)
+    assert manager.snapshots(["main"]) == [f"main@v{n}" for n in range(2, 8)]
+    assert manager.snapshots(["main_exploiter"])  # snapshots of its own, none of them pinned
+    assert manager.eval_pins() == ["main@v2", "main@v4"]  # full at 2: v6 is not pinned
+    assert manager.health()["league/eval_pinned"] == ["main@v2", "main@v4"]
+    again = LeagueManager(manager.config, tmp_path)  # persisted
+    assert again.eval_pins() == ["main@v2", "main@v4"]
+    assert again.summary()["health"]["eval_pinned"] == ["main@v2", "main@v4"]
+    again.refuse_version("main@v4", "canary mismatch")  # cannot be played: not handed to the evaluator
+    assert again.eval_pins() == ["main@v2"]
+    off = league(tmp_path / "off", snapshot_steps=1, health=HealthConfig(pin_every=0))
+    assert off.register_version("main", "main@v2", 2).snapshot and off.eval_pins() == []
