@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,39 @@ class Evaluator:
         return EvaluationResult(
             tag, policy_ref, str(path), tuple(opponent_result(o, r) for o, r in by_opponent.items())
         )
+
+    def crossplay(self, pairs: Sequence[Sequence[str]], games: int, tag: str) -> list[dict[str, Any]]:
+        """Scheduled crossplay between pool members, so the league's Nash has measured pairs (issue 36).
+
+        Each pair `(A, B)` plays A as hero against six seats of B for `games` games: the evaluation's
+        seeded games (game i: its seed, the hero on power i % 7), no replays, all pairs in one lockstep
+        run. Returns, per pair, the hero's outcome in every game (`outrank_share`: the share of the six
+        seats it outranks by centres, ties half, the league's payoff outcome); the same pairs and games
+        always play the same games. Kept in `<run_dir>/eval/crossplay/<tag>.json`.
+        """
+        from diprl.eval.crossplay import outrank_share
+
+        if not isinstance(tag, str) or not _TAG.fullmatch(tag) or ".." in tag:
+            raise ValueError(f"tag must be a short name of letters, digits and ._@- (no '..'), got {tag!r}")
+        if games < 1:
+            raise ValueError(f"crossplay needs at least one game a pair, got {games}")
+        play = replace(self.config.play, games=games, replays=0)
+        pairs = [(check_policy_ref(a), check_policy_ref(b)) for a, b in pairs]
+        if any(a == b for a, b in pairs):
+            raise ValueError(f"a crossplay pair needs two policies, got {pairs}")
+        if not pairs:
+            return []
+        suites = [SuiteConfig(policy=a, opponents=[b], play=play, label=f"{a} vs {b}") for a, b in pairs]
+        reports = run_suites(suites, self._get_client() if any(s.needs_client for s in suites) else None)
+        results = []
+        for (a, b), report in zip(pairs, reports, strict=True):
+            outcomes = []
+            for game in report["per_game"]:
+                others = [p for p in game["seats"] if p != game["hero_power"]]
+                outcomes.append(outrank_share(game["centres"], game["hero_power"], others))
+            results.append({"hero": a, "opponent": b, "games": len(outcomes), "outcomes": outcomes})
+        write_json_atomic(self.root / "crossplay" / f"{tag}.json", {"tag": tag, "pairs": results}, indent=1)
+        return results
 
     def pid_of(self) -> int:
         import os

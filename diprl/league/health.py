@@ -67,6 +67,8 @@ class HealthConfig:
     rollback: bool = False  # when a guard fires, decide a rollback of main to its best version
     pin_every: int = 2  # main's 1st snapshot and every pin_every-th after it join the evaluator's pool (0: none)
     pin_max: int = 3  # at most this many pinned: the frozen pool stays fixed once full (evaluation cost)
+    crossplay_pairs: int = 2  # pool pairs the evaluator plays after each evaluation, unmeasured first (0: none)
+    crossplay_games: int = 7  # games a pair: every power once as the hero
 
     def __post_init__(self) -> None:
         if self.every_steps < 1:
@@ -77,9 +79,11 @@ class HealthConfig:
             raise ValueError(f"league.health.rpp_snapshots must be >= 1, got {self.rpp_snapshots}")
         if self.z <= 0.0:
             raise ValueError(f"league.health.z must be positive, got {self.z}")
-        for name in ("pin_every", "pin_max"):
+        for name in ("pin_every", "pin_max", "crossplay_pairs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"league.health.{name} must be >= 0, got {getattr(self, name)}")
+        if self.crossplay_games < 1:
+            raise ValueError(f"league.health.crossplay_games must be >= 1, got {self.crossplay_games}")
 
 
 # ----------------------------------------------------------------------------------------- intervals

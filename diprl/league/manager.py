@@ -82,6 +82,7 @@ class LeagueManager:
         self.events: list[dict[str, Any]] = []  # league events: rollback decisions
         self.rollback: RollbackDecision | None = None  # decided, not yet carried out by the learner
         self.pinned: list[str] = []  # main's snapshots pinned into the evaluator's frozen pool (`eval_pins`)
+        self.crossplayed: list[str] = []  # tags of the crossplay rounds already in the payoff (a retry is not)
         self.refused: dict[str, str] = {}  # versions a replica refused by their canary -> why
         self.registered: dict[str, list[str]] = {}  # per role, its registered versions (oldest first)
         state = load_state(self.dir)
@@ -472,6 +473,50 @@ class LeagueManager:
         """
         return [v for v in self.pinned if v not in self.refused]
 
+    def crossplay_plan(self) -> dict[str, Any]:
+        """The next crossplay round for the evaluator: {"pairs": [[hero, opponent], ...], "games": n}.
+
+        Pool members (anchors and snapshots; none a replica refused) whose pair has fewer games than the Nash
+        needs (`league.health.nash_min_games`), fewest games first, then the newest members first; at most
+        `league.health.crossplay_pairs`. The newer member is the hero. Empty when every pair is measured.
+        """
+        h = self.config.health
+        need = max(h.nash_min_games, self.payoff.min_games, 1e-9)
+        pool = [k for k in self.pool() if self.members[k].ref not in self.refused]
+        pairs = [
+            (self.payoff.games(a, b), -j, -i, a, b)
+            for j, a in enumerate(pool)
+            for i, b in enumerate(pool[:j])
+            if self.payoff.games(a, b) < need
+        ]
+        chosen = sorted(pairs)[: h.crossplay_pairs]
+        return {
+            "pairs": [[self.members[a].ref, self.members[b].ref] for _, _, _, a, b in chosen],
+            "games": h.crossplay_games,
+        }
+
+    def report_crossplay(self, tag: str, results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """A crossplay round's games (`Evaluator.crossplay`) into the payoff, once per `tag`.
+
+        Each game is one hero-vs-member outcome, as a match's would be; ratings are left to the league's
+        own matches. Returns {"tag", "new": whether it counted now, "games": games added}."""
+        if tag in self.crossplayed:
+            return {"tag": tag, "new": False, "games": 0}
+        keys = {m.ref: k for k, m in self.members.items() if m.kind != LEARNER}
+        games = 0
+        for result in results:
+            hero, opponent = keys.get(str(result["hero"])), keys.get(str(result["opponent"]))
+            if hero is None or opponent is None or hero == opponent:
+                continue  # no longer a pool member (a member the league forgot): nothing to record
+            for outcome in result["outcomes"]:
+                self.payoff.update(hero, opponent, float(outcome))
+                games += 1
+        self.crossplayed.append(tag)
+        del self.crossplayed[:-DONE_MEMORY]
+        self._nash_cache = None
+        self._save()
+        return {"tag": tag, "new": True, "games": games}
+
     # ------------------------------------------------------------- what the role table reads (LeagueView)
     def anchors(self) -> list[str]:
         return [k for k in self.config.anchors if k in self.members]
@@ -699,6 +744,7 @@ class LeagueManager:
                 "events": self.events,
                 "rollback": None if self.rollback is None else self.rollback.to_dict(),
                 "pinned": list(self.pinned),
+                "crossplayed": list(self.crossplayed),
             },
             "canary": {"refused": dict(self.refused), "registered": {p: list(v) for p, v in self.registered.items()}},
         }
@@ -723,6 +769,7 @@ class LeagueManager:
         rollback = health.get("rollback")
         self.rollback = None if rollback is None else RollbackDecision.from_dict(rollback)
         self.pinned = [str(v) for v in health.get("pinned", [])]  # absent before the frozen evaluation pool
+        self.crossplayed = [str(t) for t in health.get("crossplayed", [])]
         canary = state.get("canary") or {}  # absent in states written before canary refusals
         self.refused = {str(k): str(v) for k, v in dict(canary.get("refused") or {}).items()}
         self.registered = {str(p): [str(v) for v in vs] for p, vs in dict(canary.get("registered") or {}).items()}

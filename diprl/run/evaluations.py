@@ -15,6 +15,11 @@ first snapshot and every `league.health.pin_every`-th after it, at most `pin_max
 evaluator (`Evaluator.pin`), so main meets its own past on the same seeded games every time; a new pin is a
 `league` record (`league/eval_pin`, `eval/pool`), and its games are `eval` records like any opponent's.
 
+Scheduled crossplay: after each evaluation, when the evaluator is free, one round of pool pairs the league's
+Nash lacks games for (`LeagueManager.crossplay_plan`, `league.health.crossplay_pairs` pairs of
+`crossplay_games` seeded games) is played by the evaluator (`Evaluator.crossplay`) and goes into the payoff
+(`report_crossplay`, once per round); a `league` record (`league/crossplay`) says which pairs and how each hero fared.
+
 A version a replica refused by its canary is not evaluated: the league's stand-in for it (the newest
 earlier version no replica refused, `LeagueManager.verified`) is, and the `eval` records name it.
 """
@@ -47,6 +52,8 @@ class EvalSchedule:
     last: dict[str, float] = field(default_factory=dict)  # opponents -> hero mean centres of the latest evaluation
     league: Any = None  # the LeagueManager actor, told every evaluation (None: nobody is)
     pinned: set[str] = field(default_factory=set)  # the league's pins already handed to the evaluator
+    crossplaying: dict[Any, tuple[str, int]] = field(default_factory=dict)  # ref -> (tag, step)
+    crossplay_due: int | None = None  # the step of the evaluation after which a crossplay round is due
 
     def start(self, version: str, step: int) -> None:
         e = self.config
@@ -60,8 +67,22 @@ class EvalSchedule:
             self.next_step += self.config.every_steps
 
     def fill(self, stopping: bool) -> None:
-        if self.waiting and not self.running and not stopping:
+        if self.running or self.crossplaying or stopping:
+            return
+        if self.waiting:
             self._submit(*self.waiting.pop(0))
+        elif self.crossplay_due is not None:
+            self._crossplay(self.crossplay_due)
+            self.crossplay_due = None
+
+    def _crossplay(self, step: int) -> None:
+        """The league's next crossplay round (pool pairs its Nash lacks games for) on the evaluator."""
+        import ray
+
+        plan = ray.get(self.league.crossplay_plan.remote())
+        if plan["pairs"]:
+            tag = f"crossplay-step{step}"
+            self.crossplaying[self.evaluator.crossplay.remote(plan["pairs"], plan["games"], tag)] = (tag, step)
 
     def _submit(self, version: str, step: int, attempt: int) -> Any:
         if self.league is not None:
@@ -91,7 +112,7 @@ class EvalSchedule:
                 self.journal.log("league", {"step": step, "league/eval_pin": version, "eval/pool": pool})
 
     def refs(self) -> list[Any]:
-        return list(self.running)
+        return [*self.running, *self.crossplaying]
 
     def protected(self) -> list[str]:
         """Versions being or waiting to be evaluated: pruning must keep them."""
@@ -99,6 +120,9 @@ class EvalSchedule:
 
     def handle(self, ref: Any) -> None:
         """Log a finished evaluation; a failed one is a fault, queued again first while retries are left."""
+        if ref in self.crossplaying:
+            self._crossplayed(ref)
+            return
         version, step, attempt = self.running[ref]
         if not self._settle(ref) and attempt < self.config.retries:
             self.waiting.insert(0, (version, step, attempt + 1))
@@ -139,10 +163,36 @@ class EvalSchedule:
         if self.league is not None:
             self._tell_league(result, version, step)
 
+    def _crossplayed(self, ref: Any) -> None:
+        """A crossplay round finished: its games go into the league's payoff, once, and on record."""
+        import ray
+
+        tag, step = self.crossplaying.pop(ref)
+        try:
+            results = ray.get(ref)
+        except Exception as exc:  # not retried: the next evaluation schedules the next round
+            self.journal.fault({"crossplay": tag, "step": step, "error": repr(exc)[:500]})
+            return
+        answer = ray.get(self.league.report_crossplay.remote(tag, results))
+        pairs = [
+            {"hero": r["hero"], "opponent": r["opponent"], "games": r["games"], "hero_outcome": _mean(r["outcomes"])}
+            for r in results
+        ]
+        self.journal.log(
+            "league",
+            {
+                "step": step,
+                "league/crossplay": pairs,
+                "league/crossplay_games": answer["games"],
+                "league/crossplay_tag": tag,
+            },
+        )
+
     def _tell_league(self, result: EvaluationResult, version: str, step: int) -> None:
         """The league's best version and collapse guards read this evaluation; what fired goes on record."""
         import ray
 
+        self.crossplay_due = step
         score, low, high, rates = evaluation_health(result)
         answer = ray.get(self.league.observe_evaluation.remote(version, step, score, low, high, rates))
         for fault in answer["faults"]:
@@ -157,6 +207,10 @@ class EvalSchedule:
         for attempt in range(self.config.retries + 1):
             if self._settle(self._submit(version, step, attempt)):
                 return
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def evaluation_health(result: EvaluationResult) -> tuple[float, float, float, dict[str, float]]:
