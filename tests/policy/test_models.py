@@ -194,6 +194,7 @@ def test_preset_values() -> None:
         "small",
         "tiny",
         "tiny_dagger",
+        "tiny_deep",
         "tiny_pretrained",
         "tiny_qwen",
         "tiny_wide",
