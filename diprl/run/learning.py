@@ -21,6 +21,15 @@ delivered to its queue (`delivered`, from the match reports), trained, dropped a
 quarantined (a group with a quarantined record), and `groups/trained_share` = trained / delivered: the
 groups still waiting in the queue count as delivered, not yet trained.
 
+**A rollback** the league decided (a collapse guard fired on an evaluation, `league.health.rollback`) is
+carried out like a reset, before the policy's next `train_next`: after each step the driver asks the league,
+without waiting, whether one is pending, and reads the answer when the next report comes (a decision made
+while a step runs is carried out after the step that follows it, at the latest). The learner
+publishes the best version's weights as its next version (`Learner.rollback`, which remembers the decision),
+the league registers it and is told `rollback_done`, and a `league` record says `league/rollback_done`. A
+driver resumed between the learner's publish and `rollback_done` finds the decision still pending at start
+and asks again: the learner answers the version it already published, so it is rolled back once, not twice.
+
 One failed step is a fault; `MAX_LEARNER_FAILURES` in a row is a broken learner and ends the run.
 """
 
@@ -96,6 +105,7 @@ class LearnerLoop:
         self.failures: dict[str, int] = {}
         self.counts: dict[str, GroupCounts] = {}
         self.stepping: dict[Any, str] = {}  # ref -> policy
+        self.rollback_asked: dict[str, Any] = {}  # policy -> ref of the league's pending rollback, asked after a step
 
     def start(self) -> None:
         """Read each learner's restored state, supersede what it lost, and register its version."""
@@ -114,7 +124,13 @@ class LearnerLoop:
             self.journal.supersede(policy, self.steps[policy])  # logged after the restored checkpoint: lost
             if ray.get(self.league.pending_reset.remote(policy)):  # stopped between the answer and the reset
                 self.versions[policy] = str(ray.get(learner.reset.remote()))
+            pending = ray.get(self.league.pending_rollback.remote(policy))
+            rolled = None if pending is None else self._rolled(policy, pending, self._roll_back(policy, pending))
+            if rolled is not None:  # decided, and maybe carried out, before the driver stopped
+                self.versions[policy] = str(ray.get(learner.latest_version.remote()))  # a step may follow it
             ray.get(self.league.register_version.remote(policy, self.versions[policy], self.steps[policy]))
+            if pending is not None and rolled is not None:
+                self._rolled_back(policy, pending, rolled, self.steps[policy])
             self.journal.recover_learner_records(policy, self.steps[policy])
 
     def queue_depth(self) -> int:
@@ -180,6 +196,9 @@ class LearnerLoop:
                 decision = ray.get(decision)
                 if decision.reset:
                     reset = self.learners[policy].reset.remote()  # runs before the train_next sent below
+        asked_rollback = self.rollback_asked.pop(policy, None)
+        pending = None if asked_rollback is None or reset is not None else ray.get(asked_rollback)
+        rollback = None if pending is None else self._roll_back(policy, pending)  # before the next train_next
         self._ask_again(policy)
         asked = time.monotonic()
         for q in report.quarantined:
@@ -205,9 +224,37 @@ class LearnerLoop:
                 ray.get(self.league.register_version.remote(policy, version, report.step))
             keep = {*ray.get(self.league.refs_in_use.remote()), *self.keep_versions()}
             self.learners[policy].prune_versions.remote(sorted(keep))
+        rolled = None if pending is None else self._rolled(policy, pending, rollback)
+        if pending is not None and rolled is not None:
+            self.versions[policy] = rolled
+            ray.get(self.league.register_version.remote(policy, rolled, report.step))
+            self._rolled_back(policy, pending, rolled, report.step)
+        self.rollback_asked[policy] = self.league.pending_rollback.remote(policy)  # read with the next report
         timing = {"driver/answer_s": asked - answered, "driver/bookkeeping_s": time.monotonic() - asked}
         rollout = self.journal.stats.rollout_record(report.step, self.queue_depth())
         self.journal.log("rollout", rollout | counts.record(self.delivered(policy)) | timing, policy)
+
+    def _roll_back(self, policy: str, pending: dict[str, Any]) -> Any:
+        """Ask `policy`'s learner to carry out the league's pending rollback (a ref to the version it publishes)."""
+        return self.learners[policy].rollback.remote(pending["to"], f"{pending['current']}->{pending['to']}")
+
+    def _rolled(self, policy: str, pending: dict[str, Any], ref: Any) -> str | None:
+        """The version the learner published for the rollback; None and a fault if it failed (asked again later)."""
+        import ray
+
+        try:
+            return str(ray.get(ref))
+        except Exception as exc:  # the best version's weights unreadable, ...: the decision stays pending
+            self.journal.fault({"learner": policy, "rollback": pending, "error": repr(exc)[:500]}, policy)
+            return None
+
+    def _rolled_back(self, policy: str, pending: dict[str, Any], restored: str, step: int) -> None:
+        """The learner published `restored`, the best version's weights: the league closes the decision."""
+        import ray
+
+        ray.get(self.league.rollback_done.remote(policy, restored))
+        done = {"from": pending["current"], "to": pending["to"], "published": restored, "guards": pending["guards"]}
+        self.journal.log("league", {"step": step, "league/rollback_done": done}, policy)
 
     def save_checkpoints(self) -> None:
         """The final checkpoint of every learner; a failure is a fault (the summary still matters)."""
