@@ -104,7 +104,11 @@ def _learner_loop(
     calls: list[Any] = []
     tracker = SimpleNamespace(log=lambda kind, values, policy="main": logged.append((kind, dict(values))))
     journal = Journal(tmp_path, tracker, RunStats())
-    league = SimpleNamespace(register_version=_Remote(calls, "register"), refs_in_use=_Remote(calls, "refs"))
+    league = SimpleNamespace(
+        register_version=_Remote(calls, "register"),
+        refs_in_use=_Remote(calls, "refs"),
+        pending_rollback=_Remote(calls, "pending_rollback"),  # asked after each step, read with the next report
+    )
     learner = SimpleNamespace(prune_versions=_Remote(calls, "prune"))
     loop = LearnerLoop(
         {"main": learner},
@@ -145,6 +149,7 @@ def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, mo
         ),
         StepReport("main", 4, True, "main@v5", published="main@v5"),
         VersionDecision(snapshot=False, reset=False, member=None, steps_since_snapshot=1, win_rate=0.5),
+        None,  # no rollback pending (asked after the step before)
         ["bot:random", "main@v5"],  # refs_in_use
     ]
     loop, logged, calls = _learner_loop(tmp_path, outcomes, monkeypatch)
