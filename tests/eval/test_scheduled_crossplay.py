@@ -14,7 +14,6 @@ from diprl.league import LeagueConfig, LeagueManager
 from diprl.league.config import MainRoleConfig
 from diprl.league.health import HealthConfig
 from diprl.messages import EvaluationResult, OpponentResult
-
 from tests.league.helpers import hero_loses, hero_wins
 
 ANCHORS = ["bot:random", "bot:dumbbot", "bot:hold"]
