@@ -21,35 +21,13 @@ from diprl.run.matches import MatchScheduler, refused_version
 from diprl.run.progress import RunStats, progress_fields
 from diprl.run.rundir import Counters
 from diprl.tracking import Tracker, read_metrics
+from tests.ray_stand_in import Actor, Remote, use_stand_in_ray
 
 REFUSAL = (
     "CanaryMismatch: main@v3: the engine's canary completions differ from the published weights' "
     "(canary 0: tokens differ from position 2 of 14; tolerance 0.0001): it does not serve the version that "
     "was trained; refused"
 )
-
-
-class Ref:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class Remote:
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-
-    def remote(self, *args: Any) -> Ref:
-        return Ref(self.answer(*args))
-
-
-class Actor:
-    """A Ray actor stand-in around a local object: `handle.method.remote(...)` is a ref to its answer."""
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __getattr__(self, name: str) -> Remote:
-        return Remote(getattr(self.obj, name))
 
 
 class Worker:
@@ -70,9 +48,7 @@ class Worker:
 
 @pytest.fixture
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LeagueManager, Journal]:
-    import ray
-
-    monkeypatch.setattr(ray, "get", lambda ref: ref.value)
+    use_stand_in_ray(monkeypatch)
     league = LeagueManager(LeagueConfig(), tmp_path)
     for number in (1, 2, 3):
         league.register_version("main", f"main@v{number}", number - 1)

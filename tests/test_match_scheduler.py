@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,26 +15,10 @@ from diprl.run.matches import MatchScheduler, ServingFailed
 from diprl.run.progress import RunStats
 from diprl.run.rundir import Counters
 from diprl.tracking import Tracker
+from tests.ray_stand_in import Actor, Ref, Remote, use_stand_in_ray
 
 POWERS = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
 SEATS = dict.fromkeys(POWERS, PolicyRef.parse("main@v1"))
-
-
-class Ref:
-    """An object ref stand-in (hashable, like Ray's): `ray.get` returns its value."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class Remote:
-    """A Ray method stand-in: `.remote(...)` returns a ref to what `answer` gives."""
-
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-
-    def remote(self, *args: Any) -> Ref:
-        return Ref(self.answer(*args))
 
 
 class Worker:
@@ -60,9 +43,7 @@ def report(completions: int, failed: int, error: str | None = None) -> MatchRepo
 
 
 def scheduler(tmp_path: Path, reports: list[MatchReport], monkeypatch: pytest.MonkeyPatch) -> MatchScheduler:
-    import ray
-
-    monkeypatch.setattr(ray, "get", lambda ref: ref.value)
+    use_stand_in_ray(monkeypatch)
     journal = Journal(tmp_path, Tracker(tmp_path, {}, use_wandb=False), RunStats())
     return MatchScheduler(League(), [Worker(reports)], 2, ["main"], 0, journal, Counters())
 
@@ -122,7 +103,8 @@ def test_bad_completions_tied_groups_and_stage_timings_reach_the_runs_metrics(
     s.fill()  # both matches in flight on the one worker
     for ref in s.refs():
         s.handle(ref)
-    loop = LearnerLoop({"main": None}, {"main": SimpleNamespace(qsize=lambda: 0)}, None, s.journal, list, print)
+    league = Actor(SimpleNamespace(pending_rollback=lambda policy: None))  # asked after each step: none pending
+    loop = LearnerLoop({"main": None}, {"main": SimpleNamespace(qsize=lambda: 0)}, league, s.journal, list, print)
     ref = Ref(StepReport("main", 1, True, "main@v1"))
     loop.stepping[ref] = "main"
     loop.handle(ref)

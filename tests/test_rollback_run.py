@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,35 +29,18 @@ from diprl.run.progress import RunStats
 from diprl.run.rundir import Counters
 from diprl.tracking import Tracker, read_metrics
 from tests.learn.groups import make_group, on_policy
+from tests.ray_stand_in import Actor as StandInActor
+from tests.ray_stand_in import Ref, Remote, use_stand_in_ray
 
 HEALTHY = {"support_rate": 0.1, "void_support_rate": 0.1, "bad_completion_rate": 0.0}
 COLLAPSED = {"support_rate": 0.0, "void_support_rate": 0.1, "bad_completion_rate": 0.0}  # the planted input
 
 
-class Ref:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class Remote:
-    def __init__(self, method: Any) -> None:
-        self.method = method
-
-    def remote(self, *args: Any) -> Ref:
-        return Ref(self.method(*args))
-
-
-class Actor:
-    """A Ray actor stand-in: `handle.method.remote(...)` runs the method at once; `train_next` is driven by
-    the test (it answers "no batch yet")."""
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
+class Actor(StandInActor):
+    """`train_next` is driven by the test: through the handle it answers "no batch yet"."""
 
     def __getattr__(self, name: str) -> Remote:
-        if name == "train_next":
-            return Remote(lambda *args: None)
-        return Remote(getattr(self.obj, name))
+        return Remote(lambda *args: None) if name == "train_next" else super().__getattr__(name)
 
 
 class PlantedEvaluator:
@@ -79,9 +61,7 @@ def _adapter_bytes(learner: Learner, version: str) -> bytes:
 
 
 def test_a_planted_collapse_rolls_main_back_once_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ray
-
-    monkeypatch.setattr(ray, "get", lambda ref: ref.value)
+    use_stand_in_ray(monkeypatch)
     tokenizer = load_tokenizer(resolve_model_path(load_preset("tiny")))
     health = HealthConfig(rollback=True, pin_every=0, crossplay_pairs=0)
     league = LeagueManager(LeagueConfig(anchors=["bot:random"], health=health), tmp_path)

@@ -14,6 +14,7 @@ from diprl.eval.evaluator import Evaluator, EvaluatorConfig
 from diprl.league import LeagueConfig, LeagueManager
 from diprl.league.health import HealthConfig
 from diprl.messages import EvaluationResult
+from tests.ray_stand_in import Actor, use_stand_in_ray
 
 from .conftest import RecordingClient
 
@@ -44,24 +45,6 @@ def test_a_pinned_snapshot_is_evaluated_on_the_same_games_every_time(tmp_path: P
     assert next(o for o in again.opponents if o.opponent == "main@v1").games == GAMES.games
 
 
-class Remote:
-    def __init__(self, method: Any) -> None:
-        self.method = method
-
-    def remote(self, *args: Any) -> Any:
-        return self.method(*args)
-
-
-class Actor:
-    """A Ray actor stand-in: `handle.method.remote(...)` answers at once (ray.get is the identity here)."""
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __getattr__(self, name: str) -> Remote:
-        return Remote(getattr(self.obj, name))
-
-
 class PoolOnly(Evaluator):
     """The evaluator's pool and pins for real; `evaluate` only records what it was asked."""
 
@@ -75,8 +58,6 @@ class PoolOnly(Evaluator):
 def test_the_leagues_pins_reach_the_evaluator_before_each_evaluation_and_are_logged_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ray
-
     from diprl.run.config import EvalScheduleConfig
     from diprl.run.evaluations import EvalSchedule
     from diprl.run.journal import Journal
@@ -84,7 +65,7 @@ def test_the_leagues_pins_reach_the_evaluator_before_each_evaluation_and_are_log
     from diprl.run.rundir import Counters
     from diprl.tracking import Tracker, read_metrics
 
-    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    use_stand_in_ray(monkeypatch)
     league = LeagueManager(LeagueConfig(snapshot_steps=1, health=HealthConfig(pin_every=2, pin_max=2)), tmp_path)
     evaluator = PoolOnly(EvaluatorConfig(pool=["bot:random"], plots=False, play=GAMES), tmp_path)
     evaluator.asked = []

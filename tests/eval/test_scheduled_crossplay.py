@@ -4,7 +4,6 @@ seeded, and the games reach the payoff once, so members that never met are measu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,6 +14,7 @@ from diprl.league.config import MainRoleConfig
 from diprl.league.health import HealthConfig
 from diprl.messages import EvaluationResult, OpponentResult
 from tests.league.helpers import hero_loses, hero_wins
+from tests.ray_stand_in import Actor, use_stand_in_ray
 
 ANCHORS = ["bot:random", "bot:dumbbot", "bot:hold"]
 ONLY_ANCHORS = MainRoleConfig(self_play=0.0, pfsp=1.0, verification=0.0, anchors=1.0)
@@ -85,29 +85,6 @@ def test_the_evaluator_plays_each_pair_on_the_same_seeded_games(tmp_path: Path) 
         evaluator.crossplay([["bot:hold", "bot:hold"]], 3, "x")
 
 
-class Ref:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class Remote:
-    def __init__(self, method: Any) -> None:
-        self.method = method
-
-    def remote(self, *args: Any) -> Ref:
-        return Ref(self.method(*args))
-
-
-class Actor:
-    """A Ray actor stand-in: `handle.method.remote(...)` is a ref to its answer, computed at once."""
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __getattr__(self, name: str) -> Remote:
-        return Remote(getattr(self.obj, name))
-
-
 class QuickEvaluator(Evaluator):
     """Crossplay for real (bots only); `evaluate` answers a fixed result without playing."""
 
@@ -120,8 +97,6 @@ class QuickEvaluator(Evaluator):
 def test_after_an_evaluation_the_schedule_plays_a_crossplay_round_into_the_payoff(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ray
-
     from diprl.run.config import EvalScheduleConfig
     from diprl.run.evaluations import EvalSchedule
     from diprl.run.journal import Journal
@@ -129,7 +104,7 @@ def test_after_an_evaluation_the_schedule_plays_a_crossplay_round_into_the_payof
     from diprl.run.rundir import Counters
     from diprl.tracking import Tracker, read_metrics
 
-    monkeypatch.setattr(ray, "get", lambda ref: ref.value)
+    use_stand_in_ray(monkeypatch)
     league = _league(tmp_path)
     evaluator = QuickEvaluator(EvaluatorConfig(pool=["bot:random"], plots=False, play=GAMES), tmp_path)
     tracker = Tracker(tmp_path, {}, use_wandb=False)
