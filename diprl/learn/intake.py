@@ -133,9 +133,13 @@ class GroupIntake:
     def release(self) -> None:
         self.pending_path.unlink(missing_ok=True)
 
+    def has_pending(self) -> bool:
+        """Whether a batch is held on disk (in flight, or left by a previous life): the next step trains it."""
+        return self.pending_path.is_file()
+
     def pending(self, restored_step: int) -> list[TrajectoryGroup] | None:
         """The batch a previous life of this learner was training, unless its step is already durable."""
-        if not self.pending_path.is_file():
+        if not self.has_pending():
             return None
         try:
             data = json.loads(self.pending_path.read_text())

@@ -277,7 +277,7 @@ class Learner:
 
     def ready(self) -> bool:
         """Whether `train_next` would find a batch without waiting."""
-        return self.intake.pending_path.is_file() or self.intake.ready(self.versions.trainable)
+        return self.intake.has_pending() or self.intake.ready(self.versions.trainable)
 
     def pid_of(self) -> int:
         return os.getpid()

@@ -82,7 +82,9 @@ def test_the_batch_in_flight_survives_a_restart_unless_its_step_was_checkpointed
     assert GroupIntake("queue-main", tmp_path, 4, 8).pending(restored_step=8) is None
     assert not (tmp_path / "pending.json").exists()
     intake.hold(batch, for_step=9)
+    assert intake.has_pending()  # what `Learner.ready` asks: the next step has a batch without waiting
     intake.release()
+    assert not intake.has_pending()
     assert intake.pending(restored_step=0) is None
 
 
