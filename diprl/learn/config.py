@@ -136,15 +136,27 @@ class LearnerConfig:
             self.adapters_per_actor >= 1,
             f"adapters_per_actor must be >= 1 (trained policies per learner process), got {self.adapters_per_actor}",
         )
-        need(
-            self.adapters_per_actor == 1 or (self.ranks == 1 and self.zero_stage != 3),
-            "adapters_per_actor > 1 shares one whole base in one process: it needs ranks 1 and zero_stage <= 2, "
-            f"got ranks={self.ranks} zero_stage={self.zero_stage}",
-        )
+        unshareable = shared_base_refusal(self)
+        need(self.adapters_per_actor == 1 or unshareable is None, f"adapters_per_actor > 1 {unshareable}")
         need(self.prefix_min_tokens >= 1, f"prefix_min_tokens must be >= 1, got {self.prefix_min_tokens}")
         need(self.logprob_chunk_tokens >= 1, f"logprob_chunk_tokens must be >= 1, got {self.logprob_chunk_tokens}")
         if problems:
             raise ValueError("invalid learner config: " + "; ".join(problems))
+
+
+def shared_base_refusal(config: LearnerConfig) -> str | None:
+    """Why adapters cannot share one base model under `config`, or None when they can.
+
+    Adapters share a base as one whole model in one process (`diprl.learn.host`): a group of ranks is
+    several processes, and ZeRO-3 partitions the base weights over them, so neither holds it whole. The
+    config, the learner host and the model builder each refuse a shared base with this one reason.
+    """
+    if config.ranks == 1 and config.zero_stage != 3:
+        return None
+    return (
+        "shares one whole base in one process: it needs ranks 1 and zero_stage <= 2, "
+        f"got ranks={config.ranks} zero_stage={config.zero_stage}"
+    )
 
 
 def scheduled_lr(config: LearnerConfig, step: int) -> float:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from diprl.learn.config import LearnerConfig
+from diprl.learn.config import LearnerConfig, shared_base_refusal
 from diprl.learn.learner import Learner
 from diprl.learn.model import load_base
 from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
@@ -54,10 +54,10 @@ def check_shareable(configs: Sequence[LearnerConfig]) -> None:
                 f"policies {first.policy!r} and {config.policy!r} differ in {differ}: one base cannot serve both "
                 "(give them learner hosts of their own: learner.adapters_per_actor=1)"
             )
-    if first.ranks > 1 or first.zero_stage == 3:
+    unshareable = shared_base_refusal(first)
+    if unshareable is not None:
         raise HostError(
-            f"a learner host is one process with the base whole (ranks 1, ZeRO stage <= 2), got ranks={first.ranks} "
-            f"zero_stage={first.zero_stage}: use learner.adapters_per_actor=1 for grouped or ZeRO-3 learners"
+            f"a learner host {unshareable}: use learner.adapters_per_actor=1 for grouped or ZeRO-3 learners"
         )
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from diprl.learn.config import LearnerConfig
+from diprl.learn.config import LearnerConfig, shared_base_refusal
 from diprl.learn.partitions import whole
 from diprl.learn.prefix import PrefixLayout
 from diprl.learn.prefix_attention import IMPLEMENTATION, use_prefix_attention
@@ -74,8 +74,9 @@ def build_peft_model(
     """
     from peft import LoraConfig, get_peft_model
 
-    if base is not None and config.zero_stage == 3:
-        raise ValueError("a shared base is not partitioned: ZeRO-3 learners load their own (one adapter each)")
+    unshareable = shared_base_refusal(config)
+    if base is not None and unshareable is not None:
+        raise ValueError(f"a shared base {unshareable}: grouped and ZeRO-3 learners load their own (one adapter each)")
     base_model = sharing_copy(base) if base is not None else load_base(preset, config)
     lora = LoraConfig(
         r=preset.lora.rank,

@@ -16,7 +16,7 @@ import torch
 from diprl.learn.config import LearnerConfig
 from diprl.learn.host import HostError, LearnerHost, check_shareable
 from diprl.learn.learner import Learner
-from diprl.learn.model import lora_state
+from diprl.learn.model import build_peft_model, lora_state
 from diprl.learn.train_state import base_optimizer
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
@@ -130,8 +130,15 @@ def test_what_cannot_share_a_base_is_refused_with_the_reason() -> None:
         check_shareable([CONFIG, replace(CONFIG, policy="rival", model="tiny_wide")])
     with pytest.raises(HostError, match="at least one"):
         check_shareable([])
-    with pytest.raises(ValueError, match=r"adapters_per_actor > 1 .* ranks 1"):
+    # One rule, one reason, refused by the config, the host and the model builder alike.
+    with pytest.raises(ValueError, match=r"adapters_per_actor > 1 .* ranks 1 and zero_stage <= 2, got ranks=2"):
         LearnerConfig(adapters_per_actor=3, ranks=2)
+    with pytest.raises(ValueError, match=r"adapters_per_actor > 1 .* got ranks=1 zero_stage=3"):
+        LearnerConfig(adapters_per_actor=3, zero_stage=3)
+    with pytest.raises(HostError, match=r"a learner host .* got ranks=2 zero_stage=2: use learner.adapters_per_actor"):
+        check_shareable([replace(CONFIG, ranks=2)])
+    with pytest.raises(ValueError, match=r"a shared base .* got ranks=1 zero_stage=3: grouped and ZeRO-3 learners"):
+        build_peft_model(load_preset("tiny"), replace(CONFIG, zero_stage=3), base=torch.nn.Linear(1, 1))
     with pytest.raises(ValueError, match="adapters_per_actor must be >= 1"):
         LearnerConfig(adapters_per_actor=0)
 
