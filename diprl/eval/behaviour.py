@@ -8,6 +8,8 @@ helped it the turn before. Everything is read from the phase records the game la
 same numbers come out of any game, whoever played it.
 
 Definitions (all for one seat, the "hero", over the movement phases it had units in):
+- order-kind mix: holds, moves, supports and convoys, each / all movement orders of the hero (the hold
+  rate is the first). A policy that collapses to one kind (every unit holding) has no mix left.
 - support rate: support orders / all movement orders of the hero.
 - void-support rate: supports the engine marked `void` / supports.
 - critical-support rate: supports whose removal (a fork adjudicated with that unit holding instead)
@@ -27,8 +29,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from diprl.game import DiplomacyGame, PhaseRecord
-from diprl.game.orders import BUILD, MOVE, SUPPORT, WAIVE, OrderSyntaxError, parse_order
+from diprl.game.orders import BUILD, CONVOY, HOLD, MOVE, SUPPORT, WAIVE, OrderSyntaxError, parse_order
 from diprl.game.outcomes import SupportVerdict, classify_supports
+
+ORDER_KINDS = {HOLD: "hold", MOVE: "move", SUPPORT: "support", CONVOY: "convoy"}
+"""Movement-phase order kinds by their parsed `kind`, named as the order-kind mix reports them."""
 
 
 @dataclass
@@ -37,7 +42,10 @@ class BehaviourCounts:
 
     movement_phases: int = 0
     orders: int = 0
+    holds: int = 0
+    moves: int = 0
     supports: int = 0
+    convoys: int = 0
     verdicts: dict[str, int] = field(default_factory=lambda: {v.value: 0 for v in SupportVerdict})
     start_centres: int = 0
     final_centres: int = 0
@@ -47,6 +55,13 @@ class BehaviourCounts:
     supporter_attack_orders: int = 0
     builds: int = 0
     waived_builds: int = 0
+
+    def kind_shares(self) -> dict[str, float] | None:
+        """The order-kind mix: each kind's share of the movement orders (None without any order)."""
+        if not self.orders:
+            return None
+        counted = {HOLD: self.holds, MOVE: self.moves, SUPPORT: self.supports, CONVOY: self.convoys}
+        return {ORDER_KINDS[k]: n / self.orders for k, n in counted.items()}
 
     @property
     def centres_gained_per_year(self) -> float:
@@ -116,6 +131,9 @@ class BehaviourTracker:
         counts = self.counts
         counts.movement_phases += 1
         counts.orders += len(hero_orders)
+        counts.holds += sum(o.kind == HOLD for o in hero_orders)
+        counts.moves += sum(o.kind == MOVE for o in hero_orders)
+        counts.convoys += sum(o.kind == CONVOY for o in hero_orders)
         supports = [o for o in hero_orders if o.kind == SUPPORT]
         counts.supports += len(supports)
         if supports:
@@ -177,7 +195,10 @@ def merge(counts: Sequence[BehaviourCounts]) -> BehaviourCounts:
     for c in counts:
         total.movement_phases += c.movement_phases
         total.orders += c.orders
+        total.holds += c.holds
+        total.moves += c.moves
         total.supports += c.supports
+        total.convoys += c.convoys
         for key, n in c.verdicts.items():
             total.verdicts[key] = total.verdicts.get(key, 0) + n
         total.start_centres += c.start_centres

@@ -77,6 +77,10 @@ def flat_metrics(policy: str, tag: str, reports: dict[str, dict[str, Any]]) -> d
         row[f"{prefix}/eliminated_rate"] = report["categories"]["eliminated"]["rate"]
         row[f"{prefix}/mean_sc"] = report["hero_mean_sc"]
         row[f"{prefix}/mean_sos"] = report["hero_sum_of_squares"]["mean"]
+        if "hold_rate" in b:  # reports written before the order-kind mix have neither
+            row[f"{prefix}/hold_rate"] = b["hold_rate"]["rate"]
+        for kind, share in (b.get("order_kinds") or {}).items():
+            row[f"{prefix}/kind_share/{kind}"] = share
         row[f"{prefix}/support_rate"] = b["support_rate"]["rate"]
         row[f"{prefix}/void_support_rate"] = b["void_support_rate"]["rate"]
         if b["critical_support_rate"] is not None:

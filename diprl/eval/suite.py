@@ -377,6 +377,8 @@ def _behaviour_summary(games: Sequence[PlayedGame], critical: bool) -> dict[str,
     return {
         "movement_phases": total.movement_phases,
         "orders": total.orders,
+        "hold_rate": rate_summary(total.holds, total.orders),
+        "order_kinds": total.kind_shares(),
         "support_rate": rate_summary(total.supports, total.orders),
         "void_support_rate": rate_summary(verdicts["void"], total.supports),
         "critical_support_rate": rate_summary(verdicts["critical"], total.supports) if critical else None,

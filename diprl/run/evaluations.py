@@ -213,12 +213,13 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def evaluation_health(result: EvaluationResult) -> tuple[float, float, float, dict[str, float]]:
+def evaluation_health(result: EvaluationResult) -> tuple[float, float, float, dict[str, Any]]:
     """(score, low, high, behaviour rates) of one evaluation, what the league's best version and guards read.
 
     Score: the hero's mean centres averaged over the fixed opponents (bots, `base`; pinned snapshots are
     left out so that pinning one does not move the score), its interval the average of theirs. Rates:
-    support, void-support and bad-completion rates averaged over the opponents whose report has them.
+    hold, support, void-support and bad-completion rates, and each order kind's share (the order-kind
+    mix), averaged over the opponents whose report has them.
     """
     fixed = [o for o in result.opponents if not PolicyRef.parse(o.opponent).is_adapter] or list(result.opponents)
     score = sum(o.mean_centres for o in fixed) / len(fixed)
@@ -228,9 +229,18 @@ def evaluation_health(result: EvaluationResult) -> tuple[float, float, float, di
         summary = json.loads(Path(result.report).read_text())["summary"]
     except (OSError, ValueError, KeyError, TypeError):
         summary = {}
-    rates: dict[str, float] = {}
-    for name in ("support_rate", "void_support_rate", "bad_completion_rate"):
-        values = [v for k, v in summary.items() if k.endswith(f"/{name}") and isinstance(v, int | float)]
-        if values:
-            rates[name] = float(sum(values) / len(values))
+    rates: dict[str, Any] = {}
+    for name in ("hold_rate", "support_rate", "void_support_rate", "bad_completion_rate"):
+        if (mean := _mean_of(summary, name)) is not None:
+            rates[name] = mean
+    kinds = sorted({k.split("/kind_share/", 1)[1] for k in summary if "/kind_share/" in k})
+    shares = {kind: mean for kind in kinds if (mean := _mean_of(summary, f"kind_share/{kind}")) is not None}
+    if shares:
+        rates["kind_shares"] = shares
     return score, low, high, rates
+
+
+def _mean_of(summary: dict[str, Any], name: str) -> float | None:
+    """The mean of `eval/<opponent>/<name>` over the opponents whose summary has a number for it."""
+    values = [v for k, v in summary.items() if k.endswith(f"/{name}") and isinstance(v, int | float)]
+    return float(sum(values) / len(values)) if values else None

@@ -53,6 +53,15 @@ def test_a_support_for_a_move_not_made_is_void() -> None:
     assert cheap.verdicts["void"] == 1 and cheap.verdicts["critical"] == 0
 
 
+def test_the_order_kind_mix_counts_each_kind_of_the_heros_movement_orders() -> None:
+    game = DiplomacyGame.from_units({"FRANCE": ["A PAR", "A MAR", "A BUR", "F ENG"], "GERMANY": ["A MUN"]})
+    orders = ["A MAR H", "A PAR S A BUR - PIC", "A BUR - PIC", "F ENG H"]
+    counts = track(game, "FRANCE", {"FRANCE": orders, "GERMANY": ["A MUN H"]}, critical=False)
+    assert (counts.holds, counts.moves, counts.supports, counts.convoys) == (2, 1, 1, 0)
+    assert counts.kind_shares() == {"hold": 0.5, "move": 0.25, "support": 0.25, "convoy": 0.0}
+    assert merge([counts, counts]).holds == 4 and BehaviourCounts().kind_shares() is None
+
+
 def burgundy() -> DiplomacyGame:
     return DiplomacyGame.from_units({"FRANCE": ["A BUR", "A PAR"], "GERMANY": ["A MUN", "A RUH"]})
 

@@ -97,3 +97,38 @@ def test_an_evaluation_becomes_the_guards_inputs(tmp_path: Path) -> None:
     manager = LeagueManager(LeagueConfig(), tmp_path)
     answer = manager.observe_evaluation("main@v3", 10, score, low, high, rates)
     assert [f["guard"] for f in answer["faults"]] == ["void_support_rate"]
+
+
+def test_an_always_holding_hero_trips_the_hold_rate_and_order_kind_guards(tmp_path: Path) -> None:
+    """A planted collapse (a hero whose every order is a hold) through the real suite's report, the
+    evaluation's guard inputs and the league's guards: two `fault` records, and a rollback to the best."""
+    from diprl.eval.config import GamesConfig
+    from diprl.eval.evaluator import flat_metrics, opponent_result
+    from diprl.eval.suite import SuiteConfig, run_suite
+
+    def evaluate(hero: str, tag: str) -> EvaluationResult:
+        play = GamesConfig(games=2, max_year=1901, critical_supports=False)
+        suite = run_suite(SuiteConfig(policy=hero, opponents=["bot:random"], play=play))
+        report = tmp_path / tag / "report.json"
+        report.parent.mkdir()
+        report.write_text(json.dumps({"summary": flat_metrics(hero, tag, {"bot:random": suite})}))
+        return EvaluationResult(tag, hero, str(report), (opponent_result("bot:random", suite),))
+
+    config = LeagueConfig(health=HealthConfig(rollback=True))
+    manager = LeagueManager(config, tmp_path)
+    manager.register_version("main", "main@v1", 0)
+    healthy = evaluate("bot:dumbbot", "step0")
+    score, low, high, rates = evaluation_health(healthy)
+    assert rates["hold_rate"] < 0.9 and max(rates["kind_shares"].values()) < 0.95, rates
+    assert manager.observe_evaluation("main@v1", 0, score, low, high, rates)["faults"] == []
+    manager.register_version("main", "main@v2", 1)
+    score, low, high, rates = evaluation_health(evaluate("bot:hold", "step1"))
+    assert rates["hold_rate"] == 1.0 and rates["kind_shares"] == {
+        "convoy": 0.0,
+        "hold": 1.0,
+        "move": 0.0,
+        "support": 0.0,
+    }
+    answer = manager.observe_evaluation("main@v2", 1, max(score, low), low, high, rates)
+    assert {f["guard"] for f in answer["faults"]} >= {"hold_rate", "kind_share/hold"}
+    assert answer["rollback"] is not None and answer["rollback"]["to"] == "main@v1"
