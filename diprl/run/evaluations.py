@@ -1,6 +1,11 @@
 """Evaluations along the way: the fixed suite at the start, every `evaluation.every_steps` main steps,
 and at the end, one at a time, off the training path (the evaluator is another PolicyServer client).
 
+An evaluator slower than the cadence does not build a backlog: an evaluation that comes due while an
+earlier scheduled one is still waiting replaces it (the newer version is the one worth measuring; the
+start's "before" is never replaced), and the eval records that follow name the versions it replaced
+(`eval/superseded`).
+
 A stopping run starts no new evaluation until its end, where the final version is evaluated on the
 same fixed games: the "after" of a before/after comparison. An evaluation whose call failed (its
 PolicyServer replica or the evaluator restarted under it) is on record as a fault and runs again, up
@@ -54,17 +59,27 @@ class EvalSchedule:
     pinned: set[str] = field(default_factory=set)  # the league's pins already handed to the evaluator
     crossplaying: dict[Any, tuple[str, int]] = field(default_factory=dict)  # ref -> (tag, step)
     crossplay_due: int | None = None  # the step of the evaluation after which a crossplay round is due
+    start_step: int | None = None  # the step the run (re)started at: its "before" evaluation is never replaced
+    superseded: dict[str, list[str]] = field(default_factory=dict)  # version -> the waiting ones it replaced
 
     def start(self, version: str, step: int) -> None:
         e = self.config
+        self.start_step = step
         if e.at_start and self.counters.evaluations == 0:
             self.waiting.append((version, step, 0))
         self.next_step = (step // e.every_steps + 1) * e.every_steps if e.every_steps else None
 
     def on_step(self, version: str, step: int) -> None:
         if self.next_step is not None and step >= self.next_step:
+            replaced = [w for w in self.waiting if self.start_step is None or w[1] > self.start_step]
+            for entry in replaced:
+                self.waiting.remove(entry)
+            if replaced:
+                earlier = [v for old, *_ in replaced for v in [*self.superseded.pop(old, []), old] if v != version]
+                self.superseded[version] = [*self.superseded.get(version, []), *earlier]
             self.waiting.append((version, step, 0))
-            self.next_step += self.config.every_steps
+            while self.next_step <= step:
+                self.next_step += self.config.every_steps
 
     def fill(self, stopping: bool) -> None:
         if self.running or self.crossplaying or stopping:
@@ -158,8 +173,10 @@ class EvalSchedule:
                     "eval/hero_mean_sc_hi": o.centres_ci95[1],
                     "eval/hero_solo_rate": o.solo_rate,
                     "eval/report": result.report,
-                },
+                }
+                | ({"eval/superseded": self.superseded[version]} if self.superseded.get(version) else {}),
             )
+        self.superseded.pop(version, None)
         if self.league is not None:
             self._tell_league(result, version, step)
 

@@ -228,3 +228,35 @@ def test_the_named_actor_evaluates_on_a_local_ray_cluster(tmp_path: Path) -> Non
         assert again._actor_id == handle._actor_id
     finally:
         ray.shutdown()
+
+
+def test_a_slow_evaluator_measures_the_newest_version_and_never_drops_the_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluations due faster than the evaluator plays them replace the one still waiting, not queue up."""
+    import ray
+
+    evaluator = FlakyEvaluator(failures=0)
+    monkeypatch.setattr(ray, "get", evaluator.get)
+    schedule, tracker, _ = _schedule(tmp_path, evaluator, every_steps=10)
+    schedule.start("main@v1", 0)
+    schedule.fill(stopping=False)  # the "before" runs
+    schedule.on_step("main@v11", 10)
+    schedule.on_step("main@v21", 20)  # replaces v11, still waiting
+    schedule.on_step("main@v45", 45)  # replaces v21; one step past two due points is one evaluation
+    assert schedule.waiting == [("main@v45", 45, 0)] and schedule.next_step == 50
+    while schedule.refs() or schedule.waiting:
+        schedule.fill(stopping=False)
+        for ref in schedule.refs():
+            schedule.handle(ref)
+    evals = [(v["version"], v.get("eval/superseded")) for kind, v, _ in tracker.lines if kind == "eval"]
+    assert evals == [("main@v1", None), ("main@v45", ["main@v11", "main@v21"])]
+    assert evaluator.calls == [("main@v1", "step0"), ("main@v45", "step45")]
+
+
+def test_the_before_evaluation_is_never_replaced(tmp_path: Path) -> None:
+    schedule, _, _ = _schedule(tmp_path, None, every_steps=10)
+    schedule.start("main@v5", 4)  # a resumed run starting at step 4, with no evaluation yet
+    schedule.on_step("main@v11", 10)
+    schedule.on_step("main@v21", 20)
+    assert schedule.waiting == [("main@v5", 4, 0), ("main@v21", 20, 0)]
