@@ -38,6 +38,24 @@ RAY_GAUGES = {
     "eval/hero_mean_sc": ("diprl_eval_hero_mean_sc", "evaluation: hero mean centres"),
     "eval/hero_solo_rate": ("diprl_eval_hero_solo_rate", "evaluation: hero solo rate"),
     "league/rating": ("diprl_league_rating", "openskill mu - 3 sigma of the current version"),
+    # League health (diprl/league/health.py), from the `league` records the driver writes every few main steps.
+    "league/exploitability_lb": (
+        "diprl_league_exploitability_lb",
+        "lower bound on the exploitability of main's newest frozen version (exploiter's Wilson low - 1/2)",
+    ),
+    "league/exploitability_lb_max": (
+        "diprl_league_exploitability_lb_max",
+        "largest exploitability lower bound over main's frozen versions",
+    ),
+    "league/nash_entropy": ("diprl_league_nash_entropy", "entropy (nats) of the Nash over the measured members"),
+    "league/nash_support": ("diprl_league_nash_support", "members with Nash weight above 1e-6"),
+    "league/nash_main": ("diprl_league_nash_main", "main's Nash weight (no value while main is left out)"),
+    "league/nash_left_out_count": ("diprl_league_nash_left_out", "members left out of the Nash (an unplayed pair)"),
+    "league/rpp": ("diprl_league_rpp", "relative population performance: learners and newest snapshots vs the rest"),
+    "league/best_version_number": ("diprl_league_best_version", "N of main's best version main@vN by evaluation"),
+    "league/best_score": ("diprl_league_best_score", "evaluation score (mean centres) of main's best version"),
+    "league/rollbacks": ("diprl_league_rollbacks", "rollbacks of main to its best version decided so far"),
+    "league/rollbacks_done": ("diprl_league_rollbacks_done", "rollbacks of main the learner carried out"),
 }
 # A rollout's seconds per match, one series per stage of one gauge (`rollout/<stage>_s`, see MATCH_STAGES).
 STAGE_GAUGE = "diprl_rollout_stage_seconds"

@@ -54,7 +54,7 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_prometheus_reads_diprl_learner_step_through_rays_service_discovery(short_tmp: Path) -> None:
+def test_prometheus_reads_diprl_learner_step_and_league_health_through_rays_service_discovery(short_tmp: Path) -> None:
     binary = shutil.which("prometheus")
     if binary is None:
         if os.environ.get("CI"):
@@ -100,6 +100,8 @@ def test_prometheus_reads_diprl_learner_step_through_rays_service_discovery(shor
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not found:
             tracker.log("learner", {"learner/step": 7, "tokens_per_s": 1234.5}, policy="main")  # as each step does
+            health = {"step": 7, "league/exploitability_lb": 0.26, "league/nash_main": 0.4, "league/rollbacks": 1}
+            tracker.log("league", health, policy="main")  # as the driver's league health record does
             time.sleep(2)
             try:
                 found = query(port, 'ray_diprl_learner_step{policy="main"}')
@@ -108,6 +110,9 @@ def test_prometheus_reads_diprl_learner_step_through_rays_service_discovery(shor
         assert found, (short_tmp / "prometheus.log").read_text()[-2000:]
         assert float(found[0]["value"][1]) == 7.0
         assert float(query(port, 'ray_diprl_learner_tokens_per_s{policy="main"}')[0]["value"][1]) == 1234.5
+        for name, value in (("exploitability_lb", 0.26), ("nash_main", 0.4), ("rollbacks", 1.0)):
+            [series] = query(port, f'ray_diprl_league_{name}{{policy="main"}}')
+            assert float(series["value"][1]) == value
         tracker.close()
     finally:
         server.terminate()

@@ -112,3 +112,43 @@ def test_rollout_health_reaches_the_dashboard_and_each_stage_is_a_series_of_one_
         (STAGE_GAUGE, 3.0, {"policy": "main", "stage": "play"}),
         (STAGE_GAUGE, 0.5, {"policy": "main", "stage": "bots"}),
     ]
+
+
+def test_the_league_health_figures_reach_the_dashboard(tmp_path: Path) -> None:
+    """Exploitability, Nash, RPP, best version and rollbacks were in metrics.jsonl and W&B but no gauge."""
+    from diprl.league import LeagueConfig, LeagueManager
+    from diprl.league.health import HealthConfig
+    from diprl.tracking import RAY_GAUGES
+    from tests.league.helpers import hero_loses, hero_wins
+
+    config = LeagueConfig(roles=["main", "main_exploiter"], anchors=["bot:dumbbot"], health=HealthConfig(rollback=True))
+    manager = LeagueManager(config, tmp_path / "league-run")
+    for policy in ("main", "main_exploiter"):
+        manager.register_version(policy, f"{policy}@v1", 0)
+    for _ in range(12):  # an exploiter that always wins: a lower bound above 0 on main@v1's exploitability
+        manager.report(hero_wins(manager.next_match("main_exploiter")))
+    for _ in range(20):
+        match = manager.next_match("main")
+        manager.report(
+            hero_wins(match) if "bot:dumbbot" in {str(r) for r in match.seats.values()} else hero_loses(match)
+        )
+    manager.observe_evaluation("main@v1", 0, 4.0, 3.6, 4.4)
+    manager.register_version("main", "main@v2", 1)
+    manager.observe_evaluation("main@v2", 1, 3.0, 2.6, 3.4, {"hold_rate": 1.0})  # a collapse: one rollback
+    record = manager.health()
+    health_gauges = {k for k in RAY_GAUGES if k.startswith("league/") and k != "league/rating"}
+    issue_36 = {"exploitability_lb", "exploitability_lb_max", "nash_entropy", "nash_support", "nash_main", "rpp"}
+    issue_36 |= {"best_version_number", "best_score", "rollbacks"}
+    assert {f"league/{name}" for name in issue_36} <= health_gauges
+    assert health_gauges <= set(record), health_gauges - set(record)
+    sets: list[tuple[str, float, dict[str, str]]] = []
+    tracker = Tracker(tmp_path, {}, use_wandb=False)
+    tracker._gauges = {
+        key: SimpleNamespace(set=lambda value, tags, key=key: sets.append((key, value, tags))) for key in RAY_GAUGES
+    }
+    tracker.log("league", {"step": 1} | record)
+    tracker.close()
+    exported = {key: value for key, value, tags in sets if tags == {"policy": "main"}}
+    assert set(exported) == health_gauges
+    assert exported["league/exploitability_lb"] > 0.0 and exported["league/rollbacks"] == 1.0
+    assert exported["league/best_version_number"] == 1.0

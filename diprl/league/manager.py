@@ -396,7 +396,10 @@ class LeagueManager:
             self._save()
         if self.best.best is not None:
             out["league/best_version"] = self.best.best.version
+            out["league/best_version_number"] = _version_order(self.best.best.version)[0]  # a gauge needs a number
             out["league/best_score"] = self.best.best.score
+        out["league/rollbacks"] = sum(1 for e in self.events if e["event"] == "rollback")
+        out["league/rollbacks_done"] = sum(1 for e in self.events if e["event"] == "rollback_done")
         if self.rollback is not None:
             out["league/rollback_pending"] = self.rollback.to_dict()
         if self.pinned:

@@ -109,13 +109,20 @@ def test_a_collapse_decides_one_rollback_that_survives_a_restart(tmp_path: Path)
     assert "main@v1" in manager.refs_in_use()  # the best version's weights must survive pruning
     restarted = LeagueManager(manager.config, tmp_path)
     assert restarted.pending_rollback("main") == answer["rollback"]
-    assert restarted.health()["league/rollback_pending"] == answer["rollback"]
+    health = restarted.health()
+    assert health["league/rollback_pending"] == answer["rollback"]
+    assert (health["league/rollbacks"], health["league/rollbacks_done"], health["league/best_version_number"]) == (
+        1,
+        0,
+        1,
+    )
     assert [e["event"] for e in restarted.summary()["health"]["events"]] == ["rollback"]  # exactly once
     restarted.rollback_done("main", "main@v6")
     restarted.rollback_done("main", "main@v6")  # a retried call
     again = LeagueManager(manager.config, tmp_path)
     assert again.pending_rollback("main") is None
     assert [e["event"] for e in again.summary()["health"]["events"]] == ["rollback", "rollback_done"]
+    assert (again.health()["league/rollbacks"], again.health()["league/rollbacks_done"]) == (1, 1)
 
 
 def test_without_rollback_configured_guards_only_report(tmp_path: Path) -> None:
