@@ -10,7 +10,7 @@ produced by our sampler and is refused with a clear error rather than trained on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,9 +40,18 @@ class BadRecord(ValueError):
         self.reason = reason
 
 
+def choice_positions(allowed: Sequence[np.ndarray]) -> np.ndarray:
+    """The positions whose constraint allows more than one id. The others are **forced**: log-probability 0
+    and entropy 0 whatever the weights, so the head skips them (`diprl.learn.model.completion_logprobs`)."""
+    return np.asarray([i for i, a in enumerate(allowed) if len(a) != 1], dtype=np.int64)
+
+
 @dataclass
 class PreparedRecord:
-    """One completion with its per-token masks, temperature and (for GRPO) behaviour logprobs and advantages."""
+    """One completion with its per-token masks, temperature and (for GRPO) behaviour logprobs and advantages.
+
+    `free` (from `allowed`, once): the completion positions with a choice; the rest are forced.
+    """
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -55,10 +64,19 @@ class PreparedRecord:
     # weights (None: the current weights are those weights) and under the EMA reference.
     logp_old: list[float] | None = None
     logp_ref: list[float] | None = None
+    free: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.free = choice_positions(self.allowed)
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def forced(self) -> int:
+        """Completion tokens with one allowed id (no head, no gradient)."""
+        return len(self.completion_ids) - len(self.free)
 
 
 def _describe(record: TrainingRecord, index: int) -> str:
@@ -179,6 +197,7 @@ class MicroBatch:
     targets: torch.Tensor  # [N]
     temperatures: torch.Tensor  # [N]
     allowed: list[np.ndarray]  # N entries
+    free: np.ndarray  # [F] positions with more than one allowed id (the records' `free`, offset)
     behaviour: torch.Tensor  # [N]
     advantages: torch.Tensor  # [N]
     logp_old: torch.Tensor  # [N], NaN where the current weights are the behaviour weights
@@ -214,6 +233,7 @@ class MicroBatch:
             **move,
             attention_mask=self.attention_mask.to(device) if self.attention_mask is not None else None,
             allowed=self.allowed,
+            free=self.free,
             record_slices=self.record_slices,
             prefix=self.prefix.to(device) if self.prefix is not None else None,
         )
@@ -231,6 +251,7 @@ def _token_view(
     targets: list[int] = []
     temps: list[float] = []
     allowed: list[np.ndarray] = []
+    free: list[np.ndarray] = []
     behaviour: list[float] = []
     advantages: list[float] = []
     logp_old: list[float] = []
@@ -242,6 +263,7 @@ def _token_view(
         targets.extend(r.completion_ids)
         temps.extend([r.temperature] * n)
         allowed.extend(r.allowed)
+        free.append(start + r.free)
         behaviour.extend(r.behaviour)
         advantages.extend(r.advantages)
         nan = [float("nan")] * n
@@ -256,6 +278,7 @@ def _token_view(
         targets=torch.tensor(targets, dtype=torch.long),
         temperatures=torch.tensor(temps, dtype=torch.float32),
         allowed=allowed,
+        free=np.concatenate(free) if free else np.zeros(0, dtype=np.int64),
         behaviour=torch.tensor(behaviour, dtype=torch.float32),
         advantages=torch.tensor(advantages, dtype=torch.float32),
         logp_old=torch.tensor(logp_old, dtype=torch.float32),

@@ -443,7 +443,7 @@ class Learner:
         """A taken step's metrics; counts what it trained."""
         trained = [r for k, r in enumerate(screened.prepared) if k not in passes.excluded]
         tokens = sum(len(r.completion_ids) for r in trained)
-        forced = sum(1 for r in trained for allowed in r.allowed if len(allowed) == 1)  # no head, no gradient
+        forced = sum(r.forced for r in trained)  # no head, no gradient
         self.counters["records_trained"] += len(trained)
         self.counters["tokens_trained"] += tokens
         lr, grad_norm = optimiser

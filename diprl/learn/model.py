@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from diprl.learn.batching import choice_positions
 from diprl.learn.config import LearnerConfig, shared_base_refusal
 from diprl.learn.partitions import whole
 from diprl.learn.prefix import PrefixLayout
@@ -239,10 +240,11 @@ class CompletionScorer(CompletionHidden):
         allowed: Sequence[np.ndarray],
         prefix: PrefixLayout | None = None,
         with_entropy: bool = False,
+        free: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden = super().forward(input_ids, attention_mask, rows, cols, prefix)
         return completion_logprobs(
-            hidden, self.lm_head_weight, targets, temperatures, allowed, self.chunk_tokens, with_entropy
+            hidden, self.lm_head_weight, targets, temperatures, allowed, self.chunk_tokens, with_entropy, free
         )
 
 
@@ -264,11 +266,14 @@ def completion_logprobs(
     allowed: Sequence[np.ndarray],
     chunk_tokens: int = 512,
     with_entropy: bool = False,
+    free: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probability of each target, entropy per position or None) under softmax(mask(logits) / T).
 
     `hidden` [N, H] are the states predicting the N targets, `allowed` the constraint's allowed ids
     before each (`OrderConstraint.masks_for`), `temperatures` [N] the sampler's temperature per token.
+    `free`: the positions with a choice (`choice_positions(allowed)`, which a micro-batch carries from its
+    records); found here when not given.
 
     Two savings, both exact. A **forced** position (one allowed id) has log-probability 0 and entropy 0
     whatever the weights, so no gradient: it is left out of the head and filled with 0 (the loss still counts
@@ -278,24 +283,39 @@ def completion_logprobs(
     The masked distribution is the same: its other entries are -inf, with no gradient either way.
     """
     n = hidden.shape[0]
-    free = [i for i, a in enumerate(allowed) if len(a) != 1]
-    if len(free) < n:  # score the free positions alone, then put them back among the forced zeros
-        zeros = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-        if not free:
-            return zeros, (zeros if with_entropy else None)
-        index = torch.as_tensor(free, dtype=torch.long, device=hidden.device)
-        logp, entropy = completion_logprobs(
-            hidden.index_select(0, index),
-            lm_head_weight,
-            targets.index_select(0, index),
-            temperatures.index_select(0, index),
-            [allowed[i] for i in free],
-            chunk_tokens,
-            with_entropy,
-        )
-        return zeros.index_copy(0, index, logp), (None if entropy is None else zeros.index_copy(0, index, entropy))
+    free = choice_positions(allowed) if free is None else free
+    if len(free) == n:
+        return _head_logprobs(hidden, lm_head_weight, targets, temperatures, allowed, chunk_tokens, with_entropy)
+    # Score the free positions alone, then put them back among the forced zeros.
+    zeros = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    if not len(free):
+        return zeros, (zeros if with_entropy else None)
+    index = torch.as_tensor(free, dtype=torch.long, device=hidden.device)
+    logp, entropy = _head_logprobs(
+        hidden.index_select(0, index),
+        lm_head_weight,
+        targets.index_select(0, index),
+        temperatures.index_select(0, index),
+        [allowed[i] for i in free],
+        chunk_tokens,
+        with_entropy,
+    )
+    return zeros.index_copy(0, index, logp), (None if entropy is None else zeros.index_copy(0, index, entropy))
+
+
+def _head_logprobs(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperatures: torch.Tensor,
+    allowed: Sequence[np.ndarray],
+    chunk_tokens: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`completion_logprobs` at positions that all go through the head, chunk by chunk (allowed columns only)."""
     from diprl.learn.loss import masked_entropy
 
+    n = hidden.shape[0]
     logps: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
     for start in range(0, n, chunk_tokens):

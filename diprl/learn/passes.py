@@ -85,7 +85,7 @@ class TrainedModel:
         module = self.engine if grad else self.module
         logp, entropy = module(
             mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets, mb.temperatures, mb.allowed, mb.prefix,
-            with_entropy,
+            with_entropy, mb.free,
         )  # fmt: skip
         return logp, entropy
 

@@ -128,6 +128,17 @@ def test_collate_shared_points_each_target_at_the_token_and_position_before_it(t
         assert positions[mb.cols[s:e]].tolist() == list(before)
 
 
+def test_a_micro_batch_carries_the_positions_its_records_leave_a_choice(table: TokenTable) -> None:
+    """Forced positions (one allowed id) are found once per record; a micro-batch carries the others, offset
+    into its flat view, to the head, and the step's forced-token count is the records' own."""
+    records = [prepare_record(_record(table, power, seed=s), table) for power, s in (("FRANCE", 1), ("ENGLAND", 2))]
+    for r in records:
+        assert 0 < r.forced == sum(len(a) == 1 for a in r.allowed) < len(r.completion_ids)
+    for mb in (collate(records, pad_id=0), collate_shared(records, min_prefix_tokens=1)):
+        assert mb.free.tolist() == [i for i, a in enumerate(mb.allowed) if len(a) > 1]
+        assert mb.to("cpu").free is mb.free
+
+
 def test_sparse_masked_logprobs_equal_the_dense_reference(table: TokenTable) -> None:
     rng = np.random.default_rng(0)
     prepared = prepare_record(_record(table, seed=3), table)
