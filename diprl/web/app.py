@@ -1,8 +1,9 @@
 """The FastAPI application: server-rendered pages (Jinja2) with a little vanilla JavaScript, no build step.
 
     /               runs: status, config, learning curves (the page polls /api/curves while a run goes)
-    /league         members, payoff heatmap, Nash weights, snapshots over time (league/state.json)
-    /games          evaluation replays, training traces, games played here; /games/view steps through one
+    /league         members, payoff heatmap, Nash weights, the league's health over time, snapshots over time
+    /games          evaluation replays, training traces, games played here (?member=&vs=: one member's games
+                    against another); /games/view steps through one
     /play           start a game as one power against six PolicyRefs; /play/<id> plays it
 
 Every page takes `?run=<name>` (the newest run when absent) and says so when there is no run yet. Bad
@@ -165,9 +166,16 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
             raise PageError(str(exc), 404) from None
 
     @app.get("/games", response_class=HTMLResponse)
-    def games_page(request: Request, run: str | None = None) -> HTMLResponse:
+    def games_page(
+        request: Request, run: str | None = None, member: str | None = None, vs: str | None = None
+    ) -> HTMLResponse:
+        """Every game, or those of one league member against another (the league page's figure links)."""
         name, listing = game_list(run)
-        return page(request, "games.html", run=name, games=listing)
+        if any(len(x or "") > 200 for x in (member, vs)):
+            raise PageError("member and vs name league members: at most 200 characters")
+        if member:
+            listing = games_mod.games_between(listing, member, vs or None)
+        return page(request, "games.html", run=name, games=listing, member=member or None, vs=vs or None)
 
     @app.get("/games/view", response_class=HTMLResponse)
     def game_view(request: Request, id: str, run: str | None = None) -> HTMLResponse:

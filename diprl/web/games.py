@@ -12,6 +12,12 @@ format grows (per-seat entries, advantages), so known fields are shown as such a
 passed on as plain data, and a file that is not what it claims is listed with its problem instead of
 breaking the page.
 
+A listing can be narrowed to the games of one league member against another (`games_between`): the
+league page links each figure to the games behind it that way. A member is a PolicyRef (`main@v12`,
+`bot:dumbbot`) or a trained policy's name (`main`: any of its versions, as the league's payoff counts
+them); seats come from each game's own file (a trace's match, a replay's viewer page, a played game's
+metadata), read once per file version.
+
 Games are named by ids made from their place in a listing (`eval/step3/bot_random/game0000`,
 `trace/main-12`, `play/<id>`), and an id is resolved by listing again: no path is ever built from a
 request. Boards are the engine's own SVG: an evaluation replay's pre-rendered frame when it has one,
@@ -121,6 +127,46 @@ def list_games(runs_dir: Path, run: str | None, run_dir: Path | None) -> list[Ga
         games += list(eval_replays(run, run_dir)) + list(traces(run, run_dir))
     games += list(played_games(runs_dir))
     return games
+
+
+def plays(ref: str, member: str) -> bool:
+    """Whether a seat's PolicyRef `ref` plays for league member `member` (see the module doc).
+
+    An exploiter's generation label (`main_exploiter#2`, the league's health records) stands for its policy.
+    """
+    member = member.split("#", 1)[0]
+    return ref == member or ("@" not in member and ref.startswith(f"{member}@v"))
+
+
+def game_seats(entry: GameEntry) -> dict[str, str]:
+    """Power -> PolicyRef of a listed game, from its own file; {} when the file does not say."""
+    return dict(_seats_cached(str(entry.path), entry.kind, _mtime(entry.path)))
+
+
+@lru_cache(maxsize=4096)
+def _seats_cached(path: str, kind: str, mtime: float) -> tuple[tuple[str, str], ...]:
+    seats: Mapping[str, Any] = {}
+    if kind == "eval":
+        seats = _viewer_constants(Path(path).parent / "index.html")[0]
+    elif kind == "play":
+        seats = _mapping(read_play_meta(Path(path).parent).get("seats"))
+    elif kind == "trace":
+        try:
+            seats = _mapping(_mapping(_mapping(_read_json(Path(path))).get("match")).get("seats"))
+        except BadGameFile:
+            seats = {}
+    return tuple(sorted((str(p), str(r)) for p, r in seats.items()))
+
+
+def games_between(games: list[GameEntry], member: str, vs: str | None = None) -> list[GameEntry]:
+    """The games in which a seat plays for `member` and, if `vs` is given, another seat plays for `vs`."""
+    out = []
+    for entry in games:
+        refs = list(game_seats(entry).values())
+        mine = {i for i, ref in enumerate(refs) if plays(ref, member)}
+        if mine and (vs is None or any(plays(ref, vs) and mine - {i} for i, ref in enumerate(refs))):
+            out.append(entry)
+    return out
 
 
 def find_game(games: list[GameEntry], game_id: str) -> GameEntry:

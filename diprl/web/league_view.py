@@ -1,13 +1,18 @@
-"""The league of a run as the league page shows it: members, payoff, Nash weights, snapshots over time.
+"""The league of a run as the league page shows it: members, payoff, Nash weights, health, snapshots over time.
 
 A running league is read from `league/state.json` (the manager saves it after every change, atomically,
 with a checksum and the previous good copy beside it), so the page follows the run; the view is built
-with the league's own pieces (`Payoff`, `Ratings`, `max_entropy_nash` over the measured pairs) the way
-`LeagueManager.summary` builds `league_summary.json`, which is used when no state is readable. Snapshots
-over time come from the `league` records of `metrics.jsonl` (one per published version: snapshot or
-not, reset or not, the win rate the snapshot rule saw). Crossplay evaluations of the run
-(`python -m diprl.evaluate crossplay=[...] out=<run>/eval/<tag>`: every policy as hero against six of
-every other) are read from `eval/<tag>/report.json`: their measured payoff and Nash weights.
+with the league's own pieces (`Payoff`, `Ratings`, and the Nash over the measured members,
+`diprl.league.health.nash_over_measured`, as the league's health records solve it) the way
+`LeagueManager.summary` builds `league_summary.json`, which is used when no state is readable. A member
+with an unplayed pair is left out of the Nash and shown as such, never as weight 0. The league's health
+over time (exploitability, Nash, relative population performance, ratings, the frozen evaluation pool,
+crossplay, rollbacks, refused versions) comes from `metrics.jsonl` (`diprl.web.league_health`), as do
+snapshots over time (one `league` record per published version: snapshot or not, reset or not, the win
+rate the snapshot rule saw). Each figure links to the games behind it that the run kept (training
+traces, evaluation replays: `games_between`). Crossplay evaluations of the run (`python -m
+diprl.evaluate crossplay=[...] out=<run>/eval/<tag>`: every policy as hero against six of every other)
+are read from `eval/<tag>/report.json`: their measured payoff and Nash weights.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from diprl.web.runs import read_metrics
+from diprl.web import games as games_mod
+from diprl.web.league_health import health_view
+from diprl.web.runs import config_value, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +34,14 @@ class NoLeague(LookupError):
     """A run without a readable league (not started yet, or both state files corrupt)."""
 
 
-def summary_from_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """`LeagueManager.summary()`'s members, payoff, ratings and Nash parts, from a saved state."""
+def summary_from_state(state: Mapping[str, Any], nash_min_games: float | None = None) -> dict[str, Any]:
+    """`LeagueManager.summary()`'s members, payoff, ratings and Nash parts, from a saved state.
+
+    The Nash is the health record's: over the members whose every pair has `nash_min_games` games (the
+    run's `league.health.nash_min_games`; the default when None), the others in `nash_left_out` and their
+    weight None."""
+    from diprl.league.health import HealthConfig, nash_over_measured
     from diprl.league.manager import stand_in
-    from diprl.league.nash import max_entropy_nash
     from diprl.league.payoff import Payoff
     from diprl.league.ratings import Ratings
     from diprl.messages import UnknownPolicyRef
@@ -43,9 +54,11 @@ def summary_from_state(state: Mapping[str, Any]) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise NoLeague(f"the league state is not in the expected format ({exc!r})") from None
     keys = [str(m["key"]) for m in members]
-    measured = payoff.measured_subset(keys)
-    weights = max_entropy_nash(payoff.matrix(measured)).tolist() if measured else []
-    nash = dict.fromkeys(keys, 0.0) | {k: float(w) for k, w in zip(measured, weights, strict=True)}
+    learners_without_version = {str(p) for p, r in roles.items() if r.get("current") is None}
+    solved = [k for k in keys if k not in learners_without_version]  # as `LeagueManager.health` solves it
+    need = max(HealthConfig().nash_min_games if nash_min_games is None else nash_min_games, payoff.min_games)
+    report = nash_over_measured(solved, payoff.win_rate, payoff.games, need)
+    nash: dict[str, float | None] = dict.fromkeys(keys, None) | report.weights
     pool = []
     for member in members:
         key = str(member["key"])
@@ -76,8 +89,9 @@ def summary_from_state(state: Mapping[str, Any]) -> dict[str, Any]:
             "win_rate": payoff.matrix(keys),
             "games": [[payoff.games(a, b) for b in keys] for a in keys],
         },
-        "nash": nash,
-        "measured": measured,
+        "nash": report.weights,
+        "nash_left_out": [k for k in keys if k not in report.weights],
+        "measured": list(report.weights),
         "snapshots": {p: r.get("snapshots", 0) for p, r in roles.items()},
         "resets": {p: r.get("resets", 0) for p, r in roles.items()},
         "reported": dict(state.get("reported") or {}),
@@ -85,11 +99,32 @@ def summary_from_state(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _read_summary(path: Path) -> dict[str, Any] | None:
+    """`league_summary.json`, its Nash read from `health.nash` (the solve over measured members) where it
+    has one: the top-level `nash` gives left-out members weight 0, which the page must not show."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("pool"), list) else None
+    if not isinstance(data, dict) or not isinstance(data.get("pool"), list):
+        return None
+    health = data.get("health")
+    solved = health.get("nash") if isinstance(health, dict) else None
+    if isinstance(solved, dict) and isinstance(solved.get("weights"), dict):
+        weights = {str(k): float(v) for k, v in solved["weights"].items() if isinstance(v, int | float)}
+        data["nash"] = weights
+        data["nash_left_out"] = [str(m) for m in solved.get("left_out") or [] if str(m) not in weights]
+        for member in data["pool"]:
+            if isinstance(member, dict):
+                member["nash"] = weights.get(str(member.get("member")))
+    else:
+        data.setdefault("nash_left_out", [])
+    return data
+
+
+def _nash_min_games(run_dir: Path) -> float | None:
+    """The run's `league.health.nash_min_games` from its config.yaml (read with the run files' limits)."""
+    value = config_value(run_dir, "league", "health", "nash_min_games")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def league_view(run_dir: Path) -> dict[str, Any]:
@@ -105,15 +140,67 @@ def league_view(run_dir: Path) -> dict[str, Any]:
     except CorruptLeagueState as exc:
         state, problem = None, str(exc)
     if state is not None:
-        summary, source = summary_from_state(state), "league/state.json"
+        summary, source = summary_from_state(state, _nash_min_games(run_dir)), "league/state.json"
     else:
         summary = _read_summary(run_dir / "league_summary.json")
         source = "league_summary.json"
     if summary is None:
         raise NoLeague(problem or f"{run_dir.name} has no league yet (no league/state.json or league_summary.json)")
+    records = read_metrics(run_dir / "metrics.jsonl")
     summary["source"] = source
-    summary["timeline"] = league_timeline(read_metrics(run_dir / "metrics.jsonl"))
+    summary["timeline"] = league_timeline(records)
+    summary["health"] = health_view(records)
+    summary["games"] = game_links(run_dir, summary)
     return summary
+
+
+def game_links(run_dir: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The kept games behind each figure, as links the page writes `/games?member=<m>&vs=<v>` (see
+    `games_between`): `{"all": n, "pairs": {"a|b": link}, "exploits": {target: link}, "pins": {version:
+    link}, "charts": {chart key: [link]}}`, a link being `{"text", "member", "vs", "count"}`; only links
+    with games are given."""
+    listing = [*games_mod.eval_replays(run_dir.name, run_dir), *games_mod.traces(run_dir.name, run_dir)]
+
+    def link(text: str, member: str | None = None, vs: str | None = None) -> dict[str, Any] | None:
+        count = len(listing if member is None else games_mod.games_between(listing, member, vs))
+        return {"text": text, "member": member, "vs": vs, "count": count} if count else None
+
+    payoff = summary.get("payoff") or {}
+    members = [str(m) for m in payoff.get("members") or []]
+    games = payoff.get("games") or []
+    pairs = {}
+    for i, a in enumerate(members):
+        for j, b in enumerate(members):
+            played = i != j and i < len(games) and j < len(games[i]) and games[i][j]
+            if played and (found := link(f"{a} vs {b}", a, b)):
+                pairs[f"{a}|{b}"] = found
+    health = summary.get("health") or {}
+    rows = health.get("exploitability") or []
+    exploits = {r["target"]: link(f"{r['exploiter']} vs main", r["exploiter"], _policy_of(r["target"])) for r in rows}
+    pins = {pin: link(f"main vs {pin}", "main", pin) for pin in health.get("pinned") or []}
+    exploiters = sorted({r["exploiter"].split("#", 1)[0] for r in rows})
+    every = link("every kept game of the run")
+    charts: dict[str, list[dict[str, Any] | None]] = {
+        "exploitability": [link(f"{e} vs main", e, "main") for e in exploiters],
+        "pinned": list(pins.values()),
+        "best": [link("main's games", "main")],
+    }
+    charts["exploiters"] = charts["exploitability"]
+    for key in ("nash", "nash_main", "rpp", "ratings"):
+        charts[key] = [every]
+    return {
+        "all": len(listing),
+        "pairs": pairs,
+        "exploits": {k: v for k, v in exploits.items() if v},
+        "pins": {k: v for k, v in pins.items() if v},
+        "charts": {k: [x for x in v if x] for k, v in charts.items()},
+    }
+
+
+def _policy_of(ref: str) -> str:
+    """`main` of `main@v12`: an exploiter's games against a frozen main version are against main's versions
+    up to it, so the games behind its figure are those against any of main's versions."""
+    return ref.rpartition("@v")[0] or ref
 
 
 def crossplay_reports(run_dir: Path) -> list[dict[str, Any]]:

@@ -171,12 +171,22 @@ def _get(config: dict[str, Any], *keys: str) -> Any:
     return node
 
 
-def run_info(runs_dir: Path, run_dir: Path) -> RunInfo:
+def run_config(run_dir: Path) -> tuple[str, dict[str, Any]]:
+    """The run's config.yaml: its text (at most `MAX_BYTES`) and what it parses to ({} when it does not)."""
     try:
         text = read_run_yaml_text(run_dir / "config.yaml")  # at most MAX_BYTES of it
     except OSError as exc:
         text = f"# config.yaml unreadable: {exc}"
-    config = _load_config(text)
+    return text, _load_config(text)
+
+
+def config_value(run_dir: Path, *keys: str) -> Any:
+    """One value of the run's config (`config_value(run_dir, "league", "health", "z")`), None if absent."""
+    return _get(run_config(run_dir)[1], *keys)
+
+
+def run_info(runs_dir: Path, run_dir: Path) -> RunInfo:
+    text, config = run_config(run_dir)
     records = read_metrics(run_dir / "metrics.jsonl")
     steps = [int(r["step"]) for r in records if r.get("kind") == "learner" and r.get("policy", "main") == "main"
              and _number(r.get("step"))]  # fmt: skip

@@ -99,9 +99,11 @@ def test_league_view_of_the_state_matches_the_managers_own_summary(run_tree: Run
     view = league_view(run_tree.run_dir)
     summary = json.loads((run_tree.run_dir / "league_summary.json").read_text())
     assert view["source"] == "league/state.json"
-    assert view["pool"] == summary["pool"]
+    solved = summary["health"]["nash"]  # the solve over measured members; the top-level nash gives others 0
+    assert solved["left_out"] and view["nash_left_out"] == solved["left_out"]
+    assert view["nash"] == pytest.approx(solved["weights"])
+    assert [m | {"nash": solved["weights"].get(m["member"])} for m in summary["pool"]] == view["pool"]
     assert view["payoff"] == summary["payoff"]
-    assert view["nash"] == pytest.approx(summary["nash"])
     assert view["current"] == {"main": "main@v3"}
     assert [(t["version"], t["snapshot"], t["step"]) for t in view["timeline"]] == [
         ("main@v1", False, None),

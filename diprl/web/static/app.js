@@ -2,7 +2,8 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 function esc(s) { const d = document.createElement("div"); d.textContent = String(s); return d.innerHTML; }
-const COLOURS = ["#2563a8", "#c2410c", "#15803d", "#7e22ce", "#a16207", "#0e7490", "#be123c", "#4b5563"];
+const COLOURS = ["#2563a8", "#c2410c", "#15803d", "#7e22ce", "#a16207", "#0e7490", "#be123c", "#4b5563",
+  "#65a30d", "#db2777", "#0891b2", "#92400e"];  // twelve: a league's ratings chart has a series per member
 
 // ---------------------------------------------------------------- charts (runs page)
 function chartSvg(chart) {
@@ -30,11 +31,14 @@ function chartSvg(chart) {
   return out + "</svg>";
 }
 
+function legendHtml(chart) {
+  return chart.series.map((s, i) => `<span style="color:${COLOURS[i % COLOURS.length]}">■ ${esc(s.label)}</span>`).join("");
+}
+
 function drawCharts(box, payload) {
-  box.innerHTML = payload.charts.map((chart) => {
-    const legend = chart.series.map((s, i) => `<span style="color:${COLOURS[i % COLOURS.length]}">■ ${esc(s.label)}</span>`).join("");
-    return `<div class="chart" data-title="${esc(chart.title)}"><h4>${esc(chart.title)}</h4>${chartSvg(chart)}<div class="legend">${legend}</div></div>`;
-  }).join("");
+  box.innerHTML = payload.charts.map((chart) =>
+    `<div class="chart" data-title="${esc(chart.title)}"><h4>${esc(chart.title)}</h4>${chartSvg(chart)}<div class="legend">${legendHtml(chart)}</div></div>`
+  ).join("");
   const status = $("run-status");
   if (status) { status.textContent = payload.status; status.className = `status ${payload.status}`; }
   if ($("run-steps")) $("run-steps").textContent = payload.steps;
@@ -54,6 +58,12 @@ function followRun(box) {
     } catch (e) { setTimeout(tick, poll * 2); }
   };
   tick();
+}
+
+// A chart the server wrote into the page (the league page's health figures): drawn once, where it stands.
+function drawPlot(el) {
+  const chart = JSON.parse(el.dataset.chart);
+  el.innerHTML = `${chartSvg(chart)}<div class="legend">${legendHtml(chart)}</div>`;
 }
 
 // ---------------------------------------------------------------- game viewer (games page)
@@ -134,6 +144,7 @@ document.addEventListener("DOMContentLoaded", () => {
   const back = $("back");
   if (back && history.length > 1) back.onclick = (e) => { e.preventDefault(); history.back(); };
   if ($("charts")) followRun($("charts"));
+  document.querySelectorAll(".plot[data-chart]").forEach(drawPlot);
   if ($("game-data")) viewer(JSON.parse($("game-data").textContent));
   if ($("newgame")) playForm();
   const last = $("show-last");
