@@ -103,7 +103,7 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             canaries.append(time.perf_counter() - t0)
     from diprl.inference.adapters import AdapterStore
 
-    versions = [r.name for r in AdapterStore(tmp / "adapters").versions(config.policy)]
+    versions = [str(r) for r in AdapterStore(tmp / "adapters").versions(config.policy)]
     model_path = str(resolve_model_path(learner.preset))
     learner.engine.destroy()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -120,7 +120,7 @@ def inject(store: Any, versions: list[str], model: str, tmp: Path) -> dict[str, 
     base = store.publish("main", _zero_b_dir(last.path, tmp / "base"), base_model=model, canary=canary)
     # a new version whose replica will be handed the previous version's copy
     skipped = store.publish("main", _peft_files(last.path, tmp / "skipped"), base_model=model, canary=canary)
-    return {"stale": stale.name, "base": base.name, "reload_skipped": skipped.name}
+    return {"stale": str(stale), "base": str(base), "reload_skipped": str(skipped)}
 
 
 async def serve(
@@ -140,7 +140,7 @@ async def serve(
 
     class SkipsAReload(PolicyEngine):
         async def _check_canary(self, version: Any, lora: Any) -> None:
-            if version.name == killed.name:
+            if version.name == str(killed):
                 probing.set()  # the probe of the version whose load is cut off has started
             await super()._check_canary(version, lora)
 
@@ -159,7 +159,7 @@ async def serve(
             result = (await engine.generate([{"policy": name, "prompt": "A PAR", "max_tokens": 1}]))[0]
             out["alarms"][name] = result.error is not None and result.error.startswith("CanaryMismatch")
             out["probe_s"].append(engine.canary_seconds - before)
-        out["killed"] = await _cut_off(engine, killed.name, probing)
+        out["killed"] = await _cut_off(engine, str(killed), probing)
         out["stats"] = engine.canary_stats()
         # prefix_reuse: one name and path, first with the previous weights (their canary prompts cached), then
         # re-registered with the last weights; the canary is the last weights'.

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from diprl.inference.adapters import AdapterError, AdapterStore, InvalidAdapterName, parse_policy_ref
+from diprl.inference.adapters import AdapterError, AdapterStore, InvalidAdapterName, model_ref
 from diprl.learn.canary import version_canary
 from diprl.learn.checkpoint import Checkpoint, CheckpointDir, Restored
 from diprl.learn.config import LearnerConfig
@@ -123,11 +123,11 @@ class Lifecycle:
 
             return warm_start_dir(source, self.config.model)
         try:
-            ref = parse_policy_ref(source)
+            ref = model_ref(source)
         except InvalidAdapterName:
             ref = None
-        if ref is not None:
-            return self.store.resolve(ref.name).path
+        if ref is not None and ref.is_adapter:
+            return self.store.resolve(str(ref)).path
         path = Path(source)
         if not path.is_dir():
             raise FileNotFoundError(
@@ -241,8 +241,8 @@ class Lifecycle:
             if self.registry is not None:
                 from diprl.inference.registry import publish_everywhere
 
-                return str(publish_everywhere(self.store, policy, model.peft, self.registry, canary=canary).name)
-            return self.store.publish(policy, model.peft, base_model=base_model_name(self.preset), canary=canary).name
+                return str(publish_everywhere(self.store, policy, model.peft, self.registry, canary=canary))
+            return str(self.store.publish(policy, model.peft, base_model=base_model_name(self.preset), canary=canary))
 
         with whole_lora(model.peft):  # every rank: rank 0 saves whole weights
             _, number = self.dist.rank0_writes(
@@ -282,13 +282,12 @@ class Lifecycle:
         except OSError as err:
             logger.warning("%s: pruning old adapter versions failed (%s)", cfg.policy, err)
             return []
-        self.versions.forget([ref.name for ref in removed])
-        self.counters["versions_pruned"] += len(removed)
-        if removed:
-            logger.info(
-                "%s: pruned %d old versions (%s .. %s)", cfg.policy, len(removed), removed[0].name, removed[-1].name
-            )
-        return [ref.name for ref in removed]
+        names = [str(ref) for ref in removed]
+        self.versions.forget(names)
+        self.counters["versions_pruned"] += len(names)
+        if names:
+            logger.info("%s: pruned %d old versions (%s .. %s)", cfg.policy, len(names), names[0], names[-1])
+        return names
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, model: TrainedModel) -> Path:
@@ -382,8 +381,8 @@ class Lifecycle:
                 lambda r: int(r.get("step", 0)) > self.step,
             )
             latest = self.store.latest(self.config.policy)
-            if latest is not None and self.versions.latest is not None and latest.name != self.versions.latest:
-                lost = latest.name
+            if latest is not None and self.versions.latest is not None and str(latest) != self.versions.latest:
+                lost = str(latest)
         if not self.dist.broadcast_int(int(lost is not None)):  # rank 0 decides; every rank publishes
             return
         restored_weights = self.weights_version

@@ -526,6 +526,31 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def test_a_warm_start_is_a_version_in_the_store_or_a_directory(tmp_path: Path) -> None:
+    """`init_adapter` `<policy>@v<N>` is that version's directory in the store (the whole version, not the
+    PolicyRef's policy name), a directory is itself, and anything else is a clear error."""
+    from diprl.inference.adapters import UnknownAdapter
+    from diprl.learn.lifecycle import Lifecycle
+    from diprl.learn.ranks import Collective
+    from tests.inference.lora_fixtures import make_lora_dir
+
+    store = AdapterStore(tmp_path / "adapters")
+    source = make_lora_dir(tmp_path, seed=1)
+    store.publish("warm", source)
+
+    def start_dir(init: str) -> Path | None:
+        config = LearnerConfig(init_adapter=init)
+        return Lifecycle(config, Collective(None), tmp_path / "run", store, load_preset("tiny")).start_dir()
+
+    assert start_dir("warm@v1") == store.resolve("warm@v1").path
+    assert start_dir(str(source)) == source
+    with pytest.raises(UnknownAdapter, match="warm@v2"):
+        start_dir("warm@v2")
+    for init in ("base", "bot:dumbbot", "warm"):
+        with pytest.raises(FileNotFoundError, match="neither a version"):
+            start_dir(init)
+
+
 def test_ema_decay_one_keeps_the_warm_start_as_the_kl_reference_across_steps_and_a_resume(
     tmp_path: Path, tokenizer: Any
 ) -> None:
