@@ -32,11 +32,12 @@ from diprl.inference.adapters import (
     base_model_key,
     check_compatible,
     materialize,
+    model_ref,
     pack_adapter,
-    parse_policy_ref,
 )
 from diprl.inference.adapters import store as store_module
 from diprl.inference.adapters.manifest import version_from_manifest
+from diprl.messages import BASE_REF, PolicyRef
 from diprl.policy.models import QWEN3_LINEAR_MODULES
 
 from .lora_fixtures import load_tiny_base, make_lora_dir, make_lora_model, tiny_base_path
@@ -68,18 +69,16 @@ def writable(path: Path) -> Path:
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("main@v1", AdapterRef("main", 1)),
-        ("p@v1", AdapterRef("p", 1)),
-        ("hero_2-b@v10", AdapterRef("hero_2-b", 10)),
-        ("x@v999999999", AdapterRef("x", 999_999_999)),
-        ("a" * 48 + "@v3", AdapterRef("a" * 48, 3)),
-        ("base", None),
+        ("main@v1", PolicyRef.adapter("main", 1)),
+        ("p@v1", PolicyRef.adapter("p", 1)),
+        ("hero_2-b@v10", PolicyRef.adapter("hero_2-b", 10)),
+        ("x@v999999999", PolicyRef.adapter("x", 999_999_999)),
+        ("a" * 48 + "@v3", PolicyRef.adapter("a" * 48, 3)),
+        ("base", BASE_REF),
     ],
 )
-def test_valid_names_parse(name: str, expected: AdapterRef | None) -> None:
-    assert parse_policy_ref(name) == expected
-    if expected is not None:
-        assert expected.name == name == str(expected)
+def test_valid_names_parse(name: str, expected: PolicyRef) -> None:
+    assert model_ref(name) == expected and str(expected) == name
 
 
 @pytest.mark.parametrize(
@@ -118,12 +117,12 @@ def test_valid_names_parse(name: str, expected: AdapterRef | None) -> None:
 )
 def test_invalid_names_are_rejected_with_a_description_of_valid_ones(name: str) -> None:
     with pytest.raises(InvalidAdapterName, match="a valid name is 'base' or '<policy>@v<N>'"):
-        parse_policy_ref(name)
+        model_ref(name)
 
 
 def test_non_string_names_and_hand_built_refs_are_validated_too() -> None:
     with pytest.raises(InvalidAdapterName):
-        parse_policy_ref(None)  # type: ignore[arg-type]
+        model_ref(None)
     with pytest.raises(InvalidAdapterName):
         AdapterRef("../etc", 1)
     with pytest.raises(InvalidAdapterName):

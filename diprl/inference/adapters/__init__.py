@@ -35,7 +35,6 @@ from diprl.inference.adapters.names import (
     UnknownAdapter,
     base_model_key,
     model_ref,
-    parse_policy_ref,
     same_base_model,
     validate_policy_name,
 )
@@ -82,7 +81,6 @@ __all__ = [
     "model_ref",
     "object_store_fetch",
     "pack_adapter",
-    "parse_policy_ref",
     "put_adapter",
     "read_pin",
     "same_base_model",

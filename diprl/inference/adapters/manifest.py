@@ -96,7 +96,7 @@ def manifest_dict(ref: AdapterRef, shape: AdapterShape, files: list[AdapterFile]
 
 
 def version_from_manifest(raw: bytes, path: Path, where: str) -> AdapterVersion:
-    """An `AdapterVersion` from manifest bytes; its name goes through `parse_policy_ref` and its file
+    """An `AdapterVersion` from manifest bytes; its name goes through `require_adapter` and its file
     list must be exactly the PEFT files, plus optional ones (the canary): a manifest can never make us
     read or write anything else."""
     try:

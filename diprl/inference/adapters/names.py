@@ -88,12 +88,6 @@ class AdapterRef:
         return self.name
 
 
-def parse_policy_ref(name: str) -> AdapterRef | None:
-    """`model_ref(name)` as the store's `AdapterRef`: None for `base` (kept for the callers that read `.name`)."""
-    ref = model_ref(name)
-    return None if ref.is_base else AdapterRef(ref.name, ref.version)
-
-
 def validate_policy_name(policy: str) -> str:
     """Return `policy` if it can name adapter versions; `InvalidAdapterName` otherwise."""
     try:
@@ -103,11 +97,11 @@ def validate_policy_name(policy: str) -> str:
 
 
 def require_adapter(name: str) -> AdapterRef:
-    """The ref `name` parses to; `base` is an `UnknownAdapter` here (it has no files)."""
-    ref = parse_policy_ref(name)
-    if ref is None:
+    """The adapter version `name` names (`model_ref`); `base` is an `UnknownAdapter` here (it has no files)."""
+    ref = model_ref(name)
+    if ref.is_base:
         raise UnknownAdapter(f"{BASE!r} is the bare base model: it has no adapter files to load")
-    return ref
+    return AdapterRef(ref.policy, ref.version)
 
 
 def base_model_key(name_or_path: str) -> str:

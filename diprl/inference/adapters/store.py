@@ -71,7 +71,6 @@ from diprl.inference.adapters.names import (
     InvalidAdapterName,
     UnknownAdapter,
     model_ref,
-    parse_policy_ref,
     require_adapter,
     validate_policy_name,
 )
@@ -307,18 +306,18 @@ class AdapterStore:
         if isinstance(keep, str):
             raise TypeError("keep must be a collection of PolicyRef strings, not one string")
         refs = self.versions(policy)
-        protected = set(refs[-keep_last:])
+        protected = {ref.version for ref in refs[-keep_last:]}
         for name in keep:
             try:
-                ref = parse_policy_ref(name)
+                kept = model_ref(name)
             except InvalidAdapterName:
                 continue  # a bot, or not a version at all: nothing of this store
-            if ref is not None:
-                protected.add(ref)
+            if kept.policy == policy:
+                protected.add(kept.version)
         policy_dir = self.root / policy
         removed = []
         for ref in refs:
-            if ref in protected:
+            if ref.version in protected:
                 continue
             trash = policy_dir / f"{_fs.TMP_PREFIX}pruned-v{ref.version}-{uuid.uuid4().hex}"
             try:
