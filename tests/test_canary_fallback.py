@@ -1,5 +1,6 @@
 """A version a replica refuses by its canary (issue 38) is never played again: the run goes on with the
-role's last verified version, in rollouts and in evaluations, and the refusal is a `fault` on record.
+role's newest version whose canary a replica passed (proven; a version between two canaries is not), else
+its first version, in rollouts and in evaluations, and the refusal is a `fault` on record.
 
 The driver's owners of work (`MatchScheduler`, `EvalSchedule`) talk to a real `LeagueManager` here
 through Ray stand-ins: a refusal reported by one match reaches the league, and the next match and the
@@ -52,6 +53,8 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LeagueManager,
     league = LeagueManager(LeagueConfig(), tmp_path)
     for number in (1, 2, 3):
         league.register_version("main", f"main@v{number}", number - 1)
+    for number in (1, 2):  # a replica passed their canaries (learner.canary_every=1): fallbacks
+        league.prove_version(f"main@v{number}")
     return league, Journal(tmp_path, Tracker(tmp_path, {}, use_wandb=False), RunStats())
 
 
@@ -146,3 +149,58 @@ def test_each_checked_version_is_a_canary_record_and_a_refusal_found_there_reach
     assert league.serving("main") == "main@v2"
     [fault] = [r for r in records if r["kind"] == "fault"]
     assert fault["canary_refused"] == "main@v3" and fault["serving"] == "main@v2"
+
+
+def _versions(tmp_path: Path, last: int) -> LeagueManager:
+    league = LeagueManager(LeagueConfig(), tmp_path)
+    for number in range(1, last + 1):
+        league.register_version("main", f"main@v{number}", number - 1)
+    return league
+
+
+def test_a_version_between_two_canaries_is_never_the_fallback(tmp_path: Path) -> None:
+    """With learner.canary_every=10 only main@v1 and main@v11 carry a canary. main@v14 was served on its
+    bytes alone: the fault that got main@v15 refused may have reached it too, so it does not stand in."""
+    league = _versions(tmp_path, 15)
+    for version in ("main@v1", "main@v11"):
+        assert league.prove_version(version) == {"version": version, "new": True}
+    assert league.prove_version("main@v11")["new"] is False
+    assert "main@v11" in league.refs_in_use()  # the fallback-to-be outlives pruning before any refusal
+    assert league.refuse_version("main@v15", REFUSAL)["serving"] == "main@v11"
+    assert league.verified("main@v14") == "main@v14"  # not refused: served as it is
+    league.refuse_version("main@v9")
+    assert league.verified("main@v9") == "main@v1"  # not main@v8: the newest proven version before it
+    league.refuse_version("main@v11")
+    assert league.serving("main") == "main@v1"
+    assert league.prove_version("main@v11")["new"] is False  # a refused version is never proven again
+    again = LeagueManager(LeagueConfig(), tmp_path)  # proofs persist with the refusals
+    assert again.serving("main") == "main@v1" and again.proven == ["main@v1", "main@v11"]
+
+
+def test_with_no_proven_version_a_role_falls_back_to_its_first(tmp_path: Path) -> None:
+    league = _versions(tmp_path, 3)
+    assert league.refuse_version("main@v3", REFUSAL)["serving"] == "main@v1"  # not main@v2: unproven
+    league.refuse_version("main@v1")
+    assert league.serving("main") == "main@v3"  # nothing left to fall back on: the current one stays
+
+
+def test_the_driver_proves_what_passed_before_it_hands_over_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One status can hold both: main@v12 refused and main@v2 passed. "main@v12" sorts before "main@v2";
+    the proof still reaches the league first, so main@v2 stands in, not the first version."""
+    from types import SimpleNamespace
+
+    from diprl.run.driver import Driver
+
+    use_stand_in_ray(monkeypatch)
+    league = _versions(tmp_path, 12)
+    journal = Journal(tmp_path, Tracker(tmp_path, {}, use_wandb=False), RunStats())
+    matches = MatchScheduler(Actor(league), [Worker()], 1, ["main"], 0, journal, Counters())
+    driver: Any = SimpleNamespace(journal=journal, matches=matches, canaries_logged=set())
+    status = {"canary_errors": {"main@v12": float("inf"), "main@v2": 1.2e-7}, "canary_refused": ["main@v12"]}
+    Driver._log_canaries(driver, status)
+    journal.tracker.close()
+    assert league.proven == ["main@v2"] and league.serving("main") == "main@v2"
+    [fault] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "fault"]
+    assert fault["canary_refused"] == "main@v12" and fault["serving"] == "main@v2"

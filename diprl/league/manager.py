@@ -8,9 +8,13 @@ here branches on a role's name.
 
 A version a PolicyServer replica refused by its canary (`refuse_version`: its engine does not serve the
 weights that were trained, `diprl.inference.canary`) is never handed out again: matches and evaluations
-get the role's last version that no replica refused (`serving`, `verified`). A version counts as verified
-once registered and while no replica refused it; a role whose every version was refused has nothing to
-fall back on and keeps its current one (its requests fail, which the run's serving check stops on).
+get the role's newest version, not newer than the refused one, whose canary a replica passed
+(`prove_version`; `serving`, `verified`). Versions between two canaries (`learner.canary_every`) are served
+on their byte checks but never chosen as a fallback: nothing proved them, and the fault that got the
+refused version may well have reached them too. With no proven version the role falls back to its first
+version (what its learner started from, canaried at its first publish; a fresh adapter's first version
+plays as the base model does); a role with nothing left to fall back on keeps its current version (its
+requests fail, which the run's serving check stops on).
 
 `league_actor` runs it as the named Ray actor "league" that Ray restarts after a crash; every state
 change is written to `run_dir/league/` before the call returns, so a restarted manager continues where
@@ -85,6 +89,8 @@ class LeagueManager:
         self.crossplayed: list[str] = []  # tags of the crossplay rounds already in the payoff (a retry is not)
         self.refused: dict[str, str] = {}  # versions a replica refused by their canary -> why
         self.registered: dict[str, list[str]] = {}  # per role, its registered versions (oldest first)
+        self.proven: list[str] = []  # versions whose canary a replica passed, in the order proved: the fallbacks
+        self.first: dict[str, str] = {}  # per role, its first registered version: the fallback without a proof
         state = load_state(self.dir)
         if state is not None:
             self._restore(state)
@@ -118,6 +124,7 @@ class LeagueManager:
                 "restored from an older checkpoint must publish its weights under a new number)"
             )
         role.current = version
+        self.first.setdefault(policy, version)
         history = self.registered.setdefault(policy, [])
         history.append(version)
         del history[:-VERSION_MEMORY]
@@ -222,12 +229,16 @@ class LeagueManager:
     def refs_in_use(self) -> list[str]:
         """Every PolicyRef the league may still hand out or be told about, sorted.
 
-        The current version of every role, every pool member's ref, the seats of matches handed out
-        and not yet reported, and main's best version (what a rollback restores). What the adapter store
-        must keep when it deletes old versions.
+        The current version of every role and the version that would stand in for it (its newest proven
+        one), every pool member's ref, the seats of matches handed out and not yet reported, and main's
+        best version (what a rollback restores). What the adapter store must keep when it deletes old
+        versions.
         """
         refs = {r.current for r in self.roles.values() if r.current is not None}
-        refs |= {self.serving(p) for p, r in self.roles.items() if r.current is not None}  # a fallback
+        for policy, role in self.roles.items():
+            if role.current is not None:  # what plays now, and what would if a replica refused the current one
+                refused = {**self.refused, role.current: ""}
+                refs |= {self.serving(policy), stand_in(role.current, refused, *self._fallbacks(policy))}
         refs |= {m.ref for m in self.members.values() if m.kind != LEARNER}
         for match in self.pending.values():
             refs |= {str(ref) for ref in match["seats"].values()}
@@ -249,16 +260,31 @@ class LeagueManager:
             self._save()
         return {"version": version, "policy": policy, "serving": self._served(policy), "new": new}
 
+    def prove_version(self, version: str) -> dict[str, Any]:
+        """A replica loaded `version` and its canary passed: it may stand in for a later version a replica
+        refuses (see the module doc). Returns {"version", "new": False when already proved or refused}."""
+        version_number(version)  # a malformed version is an error here too
+        new = version not in self.proven and version not in self.refused
+        if new:
+            self.proven.append(version)
+            self._save()
+        return {"version": version, "new": new}
+
     def serving(self, policy: str) -> str:
         """The version of `policy` that matches and evaluations use: its current one unless a replica refused
-        it, else its newest registered version no replica refused."""
+        it, else the version that stands in for it (`verified`)."""
         self.current(policy)  # a role with no version yet is an error here too
         return self._served(policy)
 
     def verified(self, version: str) -> str:
         """`version` itself, or the version that stands in for it when a replica refused it: the newest
-        registered version of its policy, not newer than it, that none refused (what an evaluation plays)."""
-        return stand_in(version, self.registered.get(version_number(version)[0], []), self.refused)
+        version of its policy, not newer than it, whose canary a replica passed and none refused, else the
+        policy's first version (what an evaluation plays; see `stand_in`)."""
+        return stand_in(version, self.refused, *self._fallbacks(version_number(version)[0]))
+
+    def _fallbacks(self, policy: str) -> tuple[list[str], str | None]:
+        """(`policy`'s proven versions, its first version): what `stand_in` may choose from."""
+        return [v for v in self.proven if version_number(v)[0] == policy], self.first.get(policy)
 
     def _served(self, policy: str) -> str:
         current = self.roles[policy].current
@@ -749,7 +775,12 @@ class LeagueManager:
                 "pinned": list(self.pinned),
                 "crossplayed": list(self.crossplayed),
             },
-            "canary": {"refused": dict(self.refused), "registered": {p: list(v) for p, v in self.registered.items()}},
+            "canary": {
+                "refused": dict(self.refused),
+                "registered": {p: list(v) for p, v in self.registered.items()},
+                "proven": list(self.proven),
+                "first": dict(self.first),
+            },
         }
 
     def _restore(self, state: Mapping[str, Any]) -> None:
@@ -776,20 +807,28 @@ class LeagueManager:
         canary = state.get("canary") or {}  # absent in states written before canary refusals
         self.refused = {str(k): str(v) for k, v in dict(canary.get("refused") or {}).items()}
         self.registered = {str(p): [str(v) for v in vs] for p, vs in dict(canary.get("registered") or {}).items()}
+        self.proven = [str(v) for v in canary.get("proven") or []]  # absent before fallbacks had to be proven
+        oldest = {p: vs[0] for p, vs in self.registered.items() if vs}  # a state without "first": the oldest known
+        self.first = oldest | {str(p): str(v) for p, v in dict(canary.get("first") or {}).items()}
         log.info("league restored from %s: %d members", self.dir, len(self.members))
 
     def _save(self) -> None:
         save_state(self.dir, self.state())
 
 
-def stand_in(version: str, registered: Sequence[str], refused: Mapping[str, Any]) -> str:
-    """`version`, or when a replica refused it by its canary, the newest of `registered` (its policy's
-    versions, oldest first) not newer than it that none refused; `version` itself when there is none."""
+def stand_in(version: str, refused: Mapping[str, Any], proven: Sequence[str], first: str | None) -> str:
+    """`version`, or when a replica refused it by its canary, the version that plays instead: the newest of
+    `proven` (its policy's versions whose canary a replica passed) not newer than it and not refused; with
+    none, its policy's `first` version if not refused; `version` itself when nothing is left.
+
+    A version published between two canaries is never chosen: nothing proved it is served as trained."""
     if version not in refused:
         return version
     number = version_number(version)[1]
-    older = [v for v in registered if version_number(v)[1] <= number]
-    return next((v for v in reversed(older) if v not in refused), version)
+    candidates = [v for v in proven if v not in refused and version_number(v)[1] <= number]
+    if candidates:
+        return max(candidates, key=lambda v: version_number(v)[1])
+    return first if first is not None and first not in refused else version
 
 
 def _version_order(target: str) -> tuple[int, str]:

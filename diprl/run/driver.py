@@ -281,18 +281,23 @@ class Driver:
     def _log_canaries(self, status: dict[str, Any] | str) -> None:
         """One `canary` record per version a replica checked since the last (one replica's view): its canary
         error (the largest |learner - engine| log-probability; null when the tokens differ) and whether the
-        served version is the published one. A refusal the rollouts have not met yet is handed to the league."""
+        served version is the published one. Versions that passed are proven to the league (the fallbacks
+        for a refused one), before any refusal the rollouts have not met yet is handed to it."""
         if isinstance(status, str):
             return
         refused = set(status.get("canary_refused", []))
-        for version, error in sorted(dict(status.get("canary_errors", {})).items()):
-            if version in self.canaries_logged:
-                continue
+        checked = [
+            (v, e) for v, e in sorted(dict(status.get("canary_errors", {})).items()) if v not in self.canaries_logged
+        ]
+        for version, error in checked:
             self.canaries_logged.add(version)
             same = version not in refused
             values = {"version": version, "canary/error": error if math.isfinite(error) else None}
             self.journal.log("canary", values | {"canary/served_is_published": int(same)}, version.split("@")[0])
-            if not same and version not in self.matches.refused:
+            if same and math.isfinite(error):
+                self.matches.prove(version)
+        for version, _ in checked:
+            if version in refused and version not in self.matches.refused:
                 self.matches.refuse(version, f"CanaryMismatch: {version}: refused by a replica's canary")
 
     def _log_serving(self) -> None:

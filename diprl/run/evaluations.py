@@ -26,7 +26,8 @@ Nash lacks games for (`LeagueManager.crossplay_plan`, `league.health.crossplay_p
 (`report_crossplay`, once per round); a `league` record (`league/crossplay`) says which pairs and how each hero fared.
 
 A version a replica refused by its canary is not evaluated: the league's stand-in for it (the newest
-earlier version no replica refused, `LeagueManager.verified`) is, and the `eval` records name it.
+earlier version whose canary a replica passed, else the role's first, `LeagueManager.verified`) is, and
+the `eval` records name it.
 """
 
 from __future__ import annotations

@@ -119,6 +119,12 @@ class MatchScheduler:
                 {"canary_refused": version, "serving": answer["serving"], "error": error[:500]}, answer["policy"]
             )
 
+    def prove(self, version: str) -> None:
+        """A replica's canary passed for `version`: the league may fall back on it (`LeagueManager.prove_version`)."""
+        import ray
+
+        ray.get(self.league.prove_version.remote(version))
+
     def in_flight(self, index: int) -> list[str]:
         """Ids of the matches worker `index` is playing (what a restart of it replays)."""
         return sorted(p.match.match_id for p in self.playing.values() if p.worker == index)

@@ -74,8 +74,13 @@ def summary_from_state(state: Mapping[str, Any], nash_min_games: float | None = 
     try:
         refused = {str(k): str(v) for k, v in dict(canary.get("refused") or {}).items()}
         registered = {str(p): [str(v) for v in vs] for p, vs in dict(canary.get("registered") or {}).items()}
+        proven = [str(v) for v in canary.get("proven") or []]
+        first = {p: vs[0] for p, vs in registered.items() if vs} | dict(canary.get("first") or {})
         current = {p: str(r["current"]) for p, r in roles.items() if r.get("current")}
-        serving = {p: stand_in(v, registered.get(p, []), refused) for p, v in current.items()}
+        serving = {
+            p: stand_in(v, refused, [x for x in proven if x.startswith(f"{p}@v")], first.get(p))
+            for p, v in current.items()
+        }
     except (TypeError, ValueError, AttributeError, UnknownPolicyRef) as exc:
         raise NoLeague(f"the league state is not in the expected format ({exc!r})") from None
     return {

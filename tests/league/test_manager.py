@@ -312,9 +312,10 @@ def test_refs_in_use_are_what_the_adapter_store_must_keep(tmp_path: Path) -> Non
     manager.register_version("main", "main@v3", 2)
     assert manager.refs_in_use() == ["bot:dumbbot", "main@v1", "main@v3"]  # v2: nothing holds it
     manager.report(hero_wins(in_flight))
-    assert manager.refs_in_use() == ["bot:dumbbot", "main@v3"]
+    assert manager.refs_in_use() == ["bot:dumbbot", "main@v1", "main@v3"]  # v1: the fallback while none is proven
     for _ in range(3):
         manager.report(hero_wins(manager.next_match("main")))
     assert manager.register_version("main", "main@v4", 200).snapshot is True
     manager.register_version("main", "main@v5", 201)
-    assert manager.refs_in_use() == ["bot:dumbbot", "main@v4", "main@v5"]  # v4 stays: a pool snapshot
+    manager.prove_version("main@v3")  # a replica's canary passed: the fallback now
+    assert manager.refs_in_use() == ["bot:dumbbot", "main@v3", "main@v4", "main@v5"]  # v4 stays: a pool snapshot

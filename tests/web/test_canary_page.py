@@ -19,7 +19,8 @@ def _refused_run(run_tree: RunTree, tmp_path: Path) -> Path:
     shutil.copytree(run_tree.run_dir, run_dir)
     state = load_state(run_dir / "league")
     assert state is not None and state["roles"]["main"]["current"] == "main@v3"
-    state["canary"] = {"refused": {"main@v3": WHY}, "registered": {"main": ["main@v1", "main@v2", "main@v3"]}}
+    registered = {"main": ["main@v1", "main@v2", "main@v3"]}
+    state["canary"] = {"refused": {"main@v3": WHY}, "registered": registered, "proven": ["main@v2"]}
     save_state(run_dir / "league", state)
     return run_dir
 
