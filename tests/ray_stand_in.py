@@ -12,10 +12,11 @@ import pytest
 
 
 class Ref:
-    """An object ref stand-in (hashable, like Ray's): `ray.get` returns its value."""
+    """An object ref stand-in (hashable, like Ray's): `ray.get` returns its value. `name`: what it answers,
+    for a test that logs the order of its gets."""
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    def __init__(self, value: Any, name: str = "") -> None:
+        self.value, self.name = value, name
 
 
 class Remote:

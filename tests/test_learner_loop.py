@@ -22,13 +22,7 @@ from diprl.run.learning import LearnerLoop
 from diprl.run.matches import MatchScheduler
 from diprl.run.progress import RunStats, progress_fields
 from diprl.run.rundir import Counters
-
-
-class Ref:
-    """An object ref stand-in: `ray.get` returns its value and notes the call."""
-
-    def __init__(self, name: str, value: Any) -> None:
-        self.name, self.value = name, value
+from tests.ray_stand_in import Ref
 
 
 class Method:
@@ -39,7 +33,7 @@ class Method:
 
     def remote(self, *args: Any) -> Ref:
         self.calls.append(self.name)
-        return Ref(self.name, self.answer(*args) if callable(self.answer) else self.answer)
+        return Ref(self.answer(*args) if callable(self.answer) else self.answer, self.name)
 
 
 class Actor:
@@ -112,7 +106,7 @@ def step_report(step: int, published: bool = True, **metrics: Any) -> StepReport
 
 
 def answer(loop: LearnerLoop, report: StepReport | None, policy: str = "main") -> StepReport | None:
-    ref = Ref(f"{policy}.train_next", report)
+    ref = Ref(report, f"{policy}.train_next")
     loop.stepping[ref] = policy
     return loop.handle(ref)
 

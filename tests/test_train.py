@@ -24,6 +24,7 @@ from diprl.run.config import ConfigError, compose_config
 from diprl.run.rundir import load_counters, prepare_run_dir
 from diprl.tracking import read_metrics
 from diprl.train import main
+from tests.ray_stand_in import Remote
 
 
 @pytest.mark.parametrize(
@@ -79,17 +80,6 @@ def test_resume_of_a_missing_run_is_refused(tmp_path: Path) -> None:
         prepare_run_dir(config, resolved)
 
 
-class _Remote:
-    """A stand-in for an actor method: `.remote(*args)` records the call and returns a ref."""
-
-    def __init__(self, calls: list[Any], name: str) -> None:
-        self.calls, self.name = calls, name
-
-    def remote(self, *args: Any) -> str:
-        self.calls.append((self.name, args))
-        return self.name
-
-
 def _learner_loop(
     tmp_path: Path, outcomes: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Any, list[tuple[str, dict[str, Any]]], list[Any]]:
@@ -104,12 +94,17 @@ def _learner_loop(
     calls: list[Any] = []
     tracker = SimpleNamespace(log=lambda kind, values, policy="main": logged.append((kind, dict(values))))
     journal = Journal(tmp_path, tracker, RunStats())
+
+    def noted(name: str) -> Remote:
+        """An actor method whose calls are noted; what `ray.get` reads comes from `outcomes`."""
+        return Remote(lambda *args: calls.append((name, args)))
+
     league = SimpleNamespace(
-        register_version=_Remote(calls, "register"),
-        refs_in_use=_Remote(calls, "refs"),
-        pending_rollback=_Remote(calls, "pending_rollback"),  # asked after each step, read with the next report
+        register_version=noted("register"),
+        refs_in_use=noted("refs"),
+        pending_rollback=noted("pending_rollback"),  # asked after each step, read with the next report
     )
-    learner = SimpleNamespace(prune_versions=_Remote(calls, "prune"))
+    learner = SimpleNamespace(prune_versions=noted("prune"))
     loop = LearnerLoop(
         {"main": learner},
         {"main": SimpleNamespace(qsize=lambda: 0)},
