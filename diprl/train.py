@@ -25,7 +25,7 @@ from typing import Any
 
 from diprl.console import quiet_libraries
 from diprl.policy.models import build_model
-from diprl.run.actors import ray_options, server_config, start_actors, web_app
+from diprl.run.actors import ray_options, run_pin_key, server_config, start_actors, web_app
 from diprl.run.config import CONF_DIR, Config, ConfigError, compose_config
 from diprl.run.driver import Driver, Stop, stop_on_signals
 from diprl.run.provenance import write_provenance
@@ -54,6 +54,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         run_dir = held.path
         check_shared_run_dir(run_dir)  # on several nodes, every node must read and write it: refused now, not later
         write_provenance(run_dir)
+        pin_key = run_pin_key()  # this machine's, handed to every actor that publishes or checks versions
         print(f"run directory: {run_dir}", flush=True)
         if hint := info.dashboard_hint():
             print(hint, flush=True)
@@ -63,8 +64,8 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
             server = server_config(config, run_dir, verbose)
             for model in (config.model, server.model):  # built once, here: actors and replicas look them up
                 build_model(model)
-            with deploying(server, config.placement.inference) as deployment, web_app(config, run_dir):
-                actors = start_actors(config, run_dir)  # while the PolicyServer's replicas start
+            with deploying(server, config.placement.inference, pin_key) as deployment, web_app(config, run_dir):
+                actors = start_actors(config, run_dir, pin_key)  # while the PolicyServer's replicas start
                 deployment.result()  # up before any match or evaluation is asked of it
                 tracker = Tracker(run_dir, json_safe(asdict(config)), use_wandb=config.train.wandb)
                 journal = Journal(run_dir, tracker, RunStats())

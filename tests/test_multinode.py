@@ -108,7 +108,7 @@ def test_actor_factories_pass_the_placement_and_a_learner_takes_whole_gpus(monke
             seen.append(options)
             return self
 
-        def remote(self, *args: Any) -> None:
+        def remote(self, *args: Any, **kwargs: Any) -> None:
             return None
 
     monkeypatch.setattr(ray, "remote", lambda cls: Remote())

@@ -20,6 +20,7 @@ from typing import Any
 
 from ray import serve
 
+from diprl.inference.adapters.pins import PinKey
 from diprl.inference.config import ServerConfig, is_loopback
 from diprl.inference.engine import ENGINE_ENV
 from diprl.inference.policy_engine import HEALTH_CHECK_TIMEOUT_S, resolve_model
@@ -111,11 +112,14 @@ def stop_serving(app: str, adapter_root: str | Path | None = None) -> None:
 
 
 @contextlib.contextmanager
-def serving(config: ServerConfig, resources: Mapping[str, float] | None = None) -> Iterator[Any]:
+def serving(
+    config: ServerConfig, resources: Mapping[str, float] | None = None, pin_key: PinKey | None = None
+) -> Iterator[Any]:
     """The PolicyServer of `config` (its deployment handle) for the length of a `with` block, on the running
     Ray; deleted after it, however the block ends, and only if it still serves `config`'s adapters.
-    `resources`: custom resources every replica asks for (see `replica_options`)."""
-    handle = serve_policy(config, resources)
+    `resources`: custom resources every replica asks for (see `replica_options`); `pin_key` as for
+    `serve_policy`."""
+    handle = serve_policy(config, resources, pin_key)
     try:
         yield handle
     finally:
@@ -124,7 +128,7 @@ def serving(config: ServerConfig, resources: Mapping[str, float] | None = None) 
 
 @contextlib.contextmanager
 def deploying(
-    config: ServerConfig, resources: Mapping[str, float] | None = None
+    config: ServerConfig, resources: Mapping[str, float] | None = None, pin_key: PinKey | None = None
 ) -> Iterator[concurrent.futures.Future[Any]]:
     """`serving`, with the deployment on a thread of its own: the block runs while the replicas start, and
     `.result()` on the future it yields waits for the deployment handle (raising what deploying raised).
@@ -133,7 +137,7 @@ def deploying(
     call has returned, the server is deleted as `serving` deletes it; a deployment that raised is left
     as `serving` leaves it (nothing of this server's to delete, or another run's)."""
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="deploy-policy-server") as pool:
-        deployment = pool.submit(serve_policy, config, resources)
+        deployment = pool.submit(serve_policy, config, resources, pin_key)
         try:
             yield deployment
         finally:
@@ -172,11 +176,15 @@ def replica_options(config: ServerConfig, resources: Mapping[str, float] | None 
     return options
 
 
-def serve_policy(config: ServerConfig, resources: Mapping[str, float] | None = None) -> Any:
+def serve_policy(
+    config: ServerConfig, resources: Mapping[str, float] | None = None, pin_key: PinKey | None = None
+) -> Any:
     """Start (or update) the PolicyServer on the running Ray cluster and return its deployment handle.
 
     `resources`: custom resources every replica asks for, to run only on the nodes that declare them
-    (see `replica_options`).
+    (see `replica_options`). `pin_key`: a training run's adapter pin key, handed to every replica (an
+    argument of the deployment, never part of `config`), which installs it before opening the store; None:
+    each replica reads its node's key file (`diprl.inference.adapters.pins`).
 
     Fails fast with `OSError(EADDRINUSE)` when another process (another cluster's PolicyServer, say)
     already holds the HTTP port: Serve would otherwise report ready while requests reach the other
@@ -239,7 +247,7 @@ def serve_policy(config: ServerConfig, resources: Mapping[str, float] | None = N
         **scaling,
     )
     return serve.run(
-        deployment.bind(asdict(config)),
+        deployment.bind(asdict(config), pin_key),
         name=config.name,
         route_prefix=config.route_prefix,
         logging_config=logging_config,

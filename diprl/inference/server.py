@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from ray import serve
 
 from diprl.inference.adapters import BASE
+from diprl.inference.adapters.pins import PinKey, use_key
 from diprl.inference.config import ServerConfig, is_loopback
 from diprl.inference.http_guard import RouteGuard, route_token
 from diprl.inference.http_route import OPENAPI_BODY, CompletionsRoute
@@ -49,7 +50,8 @@ app = FastAPI(title="diprl PolicyServer", description="Completions from the base
 class PolicyServer:
     """The Ray Serve deployment: `generate` for rollout workers, `/v1/*` for people and tools."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], pin_key: PinKey | None = None) -> None:
+        use_key(pin_key)  # a training run's adapter pin key, before the engine opens the store
         self.config = ServerConfig(**config)
         self.guard = RouteGuard(
             loopback_hosts_only=is_loopback(self.config.host), token=route_token(self.config.http_token_file)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from diprl.inference.adapters.pins import PinKey
 from diprl.learn.config import LearnerConfig
 from diprl.learn.host import LearnerHost
 from diprl.learn.learner import Learner
@@ -24,6 +25,7 @@ def learner_actor(
     namespace: str | None = None,
     queue: str | None = None,
     resources: dict[str, float] | None = None,
+    pin_key: PinKey | None = None,
 ) -> Any:
     """The Ray actor form: named `learner-<policy>` (get-if-exists), restarted forever, tasks retried.
 
@@ -34,18 +36,21 @@ def learner_actor(
     Ray never hands a fraction of it to a PolicyServer replica (`python -m diprl.plan` counts the same way).
     `resources` (custom resources, `placement.learner`) keep it on the nodes that declare them, restarts too.
     With `config.ranks` > 1 it is a `diprl.learn.group.LearnerGroup` of that many ranks with the same API.
+    `pin_key`: the run's adapter pin key, installed in every process that publishes or reads versions (its
+    node then needs no key file); None: each reads its node's (`diprl.inference.adapters.pins`).
     """
     import ray
 
     if config.ranks > 1:
         from diprl.learn.group import group_actor
 
-        return group_actor(
-            config, run_dir, adapter_root, registry, name or f"learner-{config.policy}", namespace, queue, resources
-        )
+        name = name or f"learner-{config.policy}"
+        return group_actor(config, run_dir, adapter_root, registry, name, namespace, queue, resources, pin_key)
     remote_cls: Any = ray.remote(Learner)
     options = _actor_options(config, name or f"learner-{config.policy}", namespace, resources)
-    return remote_cls.options(**options).remote(config, str(run_dir), str(adapter_root), registry, queue)
+    return remote_cls.options(**options).remote(
+        config, str(run_dir), str(adapter_root), registry, queue, pin_key=pin_key
+    )
 
 
 def learner_host_actor(
@@ -56,15 +61,17 @@ def learner_host_actor(
     namespace: str | None = None,
     queues: dict[str, str] | None = None,
     resources: dict[str, float] | None = None,
+    pin_key: PinKey | None = None,
 ) -> Any:
     """A `LearnerHost` actor for `configs`' policies, named `learners-<policy>+<policy>...` and placed like a
-    learner (one GPU or one CPU for all of them); restarted forever, each adapter resuming on its own."""
+    learner (one GPU or one CPU for all of them); restarted forever, each adapter resuming on its own.
+    `pin_key` as for `learner_actor`."""
     import ray
 
     name = "learners-" + "+".join(c.policy for c in configs)
     remote_cls: Any = ray.remote(LearnerHost)
     options = _actor_options(configs[0], name, namespace, resources)
-    return remote_cls.options(**options).remote(configs, str(run_dir), str(adapter_root), registry, queues)
+    return remote_cls.options(**options).remote(configs, str(run_dir), str(adapter_root), registry, queues, pin_key)
 
 
 class HostedLearner:

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from diprl.inference.adapters.pins import PinKey, use_key
 from diprl.learn.config import LearnerConfig
 from diprl.learn.intake import GroupIntake
 from diprl.learn.ranks import RankSpec
@@ -62,7 +63,8 @@ class GroupFailure(Exception):
 class LearnerRank:
     """One rank's process: its `Learner` is built by `start`, on every rank at once (they meet in the process group)."""
 
-    def __init__(self, use_gpu: bool) -> None:
+    def __init__(self, use_gpu: bool, pin_key: PinKey | None = None) -> None:
+        use_key(pin_key)  # the run's adapter pin key: this rank's Learner publishes and reads versions
         if not use_gpu:
             import torch
 
@@ -100,6 +102,7 @@ class LearnerGroup:
         queue: str | None = None,
         resources: dict[str, float] | None = None,
         namespace: str | None = None,
+        pin_key: PinKey | None = None,
     ) -> None:
         if config.ranks < 2:
             raise ValueError(f"a learner group needs learner.ranks >= 2, got {config.ranks}")
@@ -109,6 +112,7 @@ class LearnerGroup:
         self.registry = registry
         self.resources = dict(resources or {})
         self.namespace = namespace
+        self.pin_key = pin_key  # handed to every rank, fresh ones after a restart too
         self.intake = GroupIntake(
             queue,
             Path(run_dir) / "learner" / config.policy,
@@ -178,7 +182,7 @@ class LearnerGroup:
             remote.options(
                 **options,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=r),
-            ).remote(cfg.use_gpu)
+            ).remote(cfg.use_gpu, self.pin_key)
             for r in range(cfg.ranks)
         ]
         meet = ray.get(self.ranks[0].address.remote())
@@ -353,6 +357,7 @@ def group_actor(
     namespace: str | None,
     queue: str | None,
     resources: dict[str, float] | None,
+    pin_key: PinKey | None = None,
 ) -> Any:
     """The group's own actor: no CPU of its own (its ranks hold them), restarted forever, tasks retried."""
     import ray
@@ -368,5 +373,5 @@ def group_actor(
         options["namespace"] = namespace
     remote_cls: Any = ray.remote(LearnerGroup)
     return remote_cls.options(**options).remote(
-        replace(config), str(run_dir), str(adapter_root), registry, queue, resources, namespace
+        replace(config), str(run_dir), str(adapter_root), registry, queue, resources, namespace, pin_key
     )

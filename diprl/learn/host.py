@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from diprl.inference.adapters.pins import PinKey, use_key
 from diprl.learn.config import LearnerConfig, shared_base_refusal
 from diprl.learn.learner import Learner
 from diprl.learn.model import load_base
@@ -72,7 +73,9 @@ class LearnerHost:
         adapter_root: str | Path,
         registry: str | None = None,
         queues: dict[str, str] | None = None,
+        pin_key: PinKey | None = None,
     ) -> None:
+        use_key(pin_key)  # the run's pin key, for every learner of this process (`Learner`)
         check_shareable(configs)
         queues = queues or {}
         self.base = load_base(load_preset(configs[0].model), configs[0])

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from diprl.inference.adapters import AdapterStore
+from diprl.inference.adapters.pins import PinKey, use_key
 from diprl.learn.batching import PreparedRecord, prepare_record
 from diprl.learn.config import LearnerConfig, scheduled_lr
 from diprl.learn.intake import GroupIntake
@@ -71,6 +72,8 @@ class Learner:
 
     On construction it resumes from its newest good checkpoint or publishes its first version (see
     `diprl.learn.lifecycle`). `rank` None: the learner is one process; else one rank of a group.
+    `pin_key`: the run's adapter pin key, which an actor of a run installs for its process
+    (`diprl.inference.adapters.pins.use_key`) before it touches the store; None reads this node's key file.
     """
 
     def __init__(
@@ -82,7 +85,9 @@ class Learner:
         queue: str | None = None,
         rank: RankSpec | None = None,
         base: Any = None,
+        pin_key: PinKey | None = None,
     ) -> None:
+        use_key(pin_key)
         self.config = config
         self.base = base  # a base model shared with other adapters (`diprl.learn.host`), or None: its own
         self.rank_spec = rank

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from diprl.console import ray_init_options
+from diprl.inference.adapters import pins
+from diprl.inference.adapters.pins import PinKey
 from diprl.run.config import Config
 from diprl.run.driver import Actors
 from diprl.run.rundir import NAMESPACE, serve_app_name
@@ -41,9 +43,22 @@ def server_config(config: Config, run_dir: Path, verbose: bool = False) -> Any:
     )
 
 
-def start_actors(config: Config, run_dir: Path) -> Actors:
+def run_pin_key() -> PinKey:
+    """The run's adapter pin key: this (the driver's) machine's, read or made once, and installed in the
+    driver's own process (it publishes frozen adapters and its web app reads versions). The driver hands it
+    to every actor that publishes or checks versions (learners, their ranks and hosts, PolicyServer
+    replicas), so on a cluster no other node needs a key file. It travels in those actors' constructor
+    arguments, inside Ray, and is never written into the run directory, a config or a log."""
+    key = pins.load_key()
+    pins.use_key(key)
+    return key
+
+
+def start_actors(config: Config, run_dir: Path, pin_key: PinKey | None = None) -> Actors:
     """Create (or, on a resumed run, find) every actor of the run but the PolicyServer, placed by resources:
-    their CPUs and GPUs, and the custom resources `config.placement` names for their role."""
+    their CPUs and GPUs, and the custom resources `config.placement` names for their role. `pin_key`
+    (`run_pin_key`) goes to the learners; the league, ledger, queues, rollout workers and evaluator never
+    open the adapter store, so they are not given it."""
     import ray
     from ray.util.queue import Queue
 
@@ -72,7 +87,7 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
     ledger = GroupLedger.options(name=LEDGER, resources=where.ledger, num_cpus=0).remote(  # type: ignore[attr-defined]
         {p: queue_name(p) for p in policies}, accepted_log
     )
-    learners = start_learners(config, policies, str(run_dir), str(adapter_root))
+    learners = start_learners(config, policies, str(run_dir), str(adapter_root), pin_key)
     r = config.rollout
     worker_config = WorkerConfig(
         episode=r.episode,
@@ -101,7 +116,9 @@ def start_actors(config: Config, run_dir: Path) -> Actors:
     return Actors(serve_app, league, ledger, queues, learners, workers, evaluator)
 
 
-def start_learners(config: Config, policies: list[str], run_dir: str, adapter_root: str) -> dict[str, Any]:
+def start_learners(
+    config: Config, policies: list[str], run_dir: str, adapter_root: str, pin_key: PinKey | None = None
+) -> dict[str, Any]:
     """A learner handle per policy: its own actor, or with `learner.adapters_per_actor` > 1 its place on a host
     actor that trains that many policies on one base (`diprl.learn.host`), in the order the league names them."""
     from diprl.learn.actor import HostedLearner, learner_actor, learner_host_actor
@@ -117,6 +134,7 @@ def start_learners(config: Config, policies: list[str], run_dir: str, adapter_ro
                 name=f"learner-{p}",
                 queue=queue_name(p),
                 resources=where.learner,
+                pin_key=pin_key,
             )
             for p in policies
         }
@@ -129,6 +147,7 @@ def start_learners(config: Config, policies: list[str], run_dir: str, adapter_ro
             adapter_root,
             queues={p: queue_name(p) for p in hosted},
             resources=where.learner,
+            pin_key=pin_key,
         )
         learners.update({p: HostedLearner(host, p) for p in hosted})
     return learners

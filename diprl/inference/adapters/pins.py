@@ -14,9 +14,14 @@ fingerprint, under a key kept outside every store: `$DIPRL_PIN_KEY_FILE`, else `
 (mode 0600, made by the first publish that needs it). Without the key a forged pin cannot be made. The
 stores this machine keyed are recorded beside the key (`<cache>/keyed-stores/<hash of the path>`), and a
 plain fingerprint in one of them is refused. A store made before keyed pins (plain pins, not recorded)
-keeps plain pins: keying it would refuse every version it holds. Nodes that read one store on a shared
-filesystem need the same key: point `DIPRL_PIN_KEY_FILE` at a copy on each (a replica that finds a MAC
-and no key refuses it).
+keeps plain pins: keying it would refuse every version it holds.
+
+Nodes that read one store on a shared filesystem need the same key. A training run carries it: its driver
+reads (or makes) the key of its own machine once (`load_key`) and hands it, as a `PinKey`, to every actor
+that writes or checks pins, which installs it for its process (`use_key`); an installed key takes
+precedence over the file, so no other node needs one. A tool run outside a training run (evaluation,
+a server of its own) reads the file, on each node: point `DIPRL_PIN_KEY_FILE` at a copy on each (a replica
+that finds a MAC and no key refuses it).
 
 Layout: `root/.pins/<policy>@v<N>` holds the pin and a newline. The name comes from a validated
 `AdapterRef`, so a pin path can never leave `.pins/`.
@@ -31,6 +36,7 @@ import os
 import re
 import secrets
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from diprl.atomic_io import fsync_dir
@@ -46,6 +52,41 @@ _KEY_RE = re.compile(rb"[0-9a-f]{64}\n?", re.ASCII)
 _MAX_PIN_BYTES = 128
 
 
+@dataclass(frozen=True)
+class PinKey:
+    """A pin key in memory, as a run's driver hands it to its actors (Ray pickles it into their constructor
+    arguments). Its repr shows no digit of the key, so a config, a log line or a traceback that prints
+    the object prints nothing secret; never write `secret` anywhere."""
+
+    secret: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.secret, bytes) and _KEY_RE.fullmatch(self.secret) and len(self.secret) == 64):
+            raise ValueError("a pin key is 64 lowercase hex digits")
+
+
+_installed: PinKey | None = None  # this process's key, handed by a training run's driver (`use_key`)
+
+
+def use_key(key: PinKey | None) -> None:
+    """Sign and check pins in this process with `key` from now on, whatever `key_path()` holds; None installs
+    nothing (the file stays in charge). An actor of a training run calls this with the key its driver handed
+    it before it touches a store: then its node needs no key file."""
+    global _installed
+    if key is not None:
+        _installed = key
+
+
+def load_key() -> PinKey:
+    """This machine's key (`key_path()`), made there when there is none: what a training run's driver reads
+    once and hands to its actors."""
+    path = key_path()
+    secret = _read_key(path) or _new_key(path)
+    if secret is None:  # made and gone at once (removed by someone else): nothing to sign with
+        raise CorruptAdapter(f"the pin key {path} vanished as it was made")
+    return PinKey(secret)
+
+
 def _key_home() -> Path:
     from diprl.cache import cache_root
 
@@ -53,7 +94,8 @@ def _key_home() -> Path:
 
 
 def key_path() -> Path:
-    """Where the pin key lives: `$DIPRL_PIN_KEY_FILE`, else the diprl cache (outside every store)."""
+    """Where this machine's pin key lives: `$DIPRL_PIN_KEY_FILE`, else the diprl cache (outside every store).
+    A key installed with `use_key` is used instead."""
     named = os.environ.get(KEY_ENV)
     return Path(named).expanduser() if named else _key_home() / "pin.key"
 
@@ -81,6 +123,11 @@ def _read_key(path: Path) -> bytes | None:
     if not _KEY_RE.fullmatch(raw):
         raise CorruptAdapter(f"the pin key {path} is not a key (64 hex digits)")
     return raw.strip()
+
+
+def _current_key() -> bytes | None:
+    """The key pins are checked with: the installed one, else the file's (None: neither)."""
+    return _installed.secret if _installed is not None else _read_key(key_path())
 
 
 def _legacy(root: Path) -> bool:
@@ -117,7 +164,7 @@ def publishing_key(root: Path) -> bytes | None:
     None for a store made before keyed pins."""
     if _legacy(root):
         return None
-    key = _read_key(key_path()) or _new_key(key_path())
+    key = _current_key() or _new_key(key_path())
     marker = _marker(root)
     if not marker.exists():
         _fs.make_dirs(marker.parent)
@@ -183,11 +230,12 @@ def check_pin(root: Path, version: AdapterVersion) -> None:
             "one without a pin was not published by this store, or its pin was removed): publish it again"
         )
     if pinned.startswith(MAC_PREFIX):
-        key = _read_key(key_path())
+        key = _current_key()
         if key is None:
             raise CorruptAdapter(
-                f"{version.name}: its pin is keyed and this machine has no pin key ({key_path()}; nodes that "
-                f"share one store need the same key: set {KEY_ENV})"
+                f"{version.name}: its pin is keyed and this process has no pin key: none was handed to it (a "
+                f"training run's driver hands its key to its actors) and {key_path()} does not exist (outside a "
+                f"run, nodes that share one store need the same key file: set {KEY_ENV})"
             )
         expected = _mac(key, version.ref, version.fingerprint)
     elif _marker(root).exists():
@@ -200,5 +248,6 @@ def check_pin(root: Path, version: AdapterVersion) -> None:
     if not hmac.compare_digest(pinned, expected):
         raise CorruptAdapter(
             f"{version.name}: its files do not match the fingerprint pinned when it was published "
-            f"({pin_path(root, version.ref)}); the version was changed afterwards, manifest included"
+            f"({pin_path(root, version.ref)}); the version was changed afterwards, manifest included, or pinned "
+            "under another pin key than this process's"
         )
