@@ -100,3 +100,15 @@ def test_a_public_host_needs_the_flag_and_warns(caplog: pytest.LogCaptureFixture
     assert ServerConfig(host="::1").host == "::1" and ServerConfig(host="localhost").host == "localhost"
     with pytest.raises(ValueError, match="must be an integer"):
         ServerConfig(max_num_seqs=True)  # type: ignore[arg-type]
+
+
+def test_no_inference_config_fixes_where_adapters_live(tmp_path: Path) -> None:
+    """One source: a training run serves `<run_dir>/adapters` and `python -m diprl.evaluate` the store its
+    `adapters` names; a path fixed in a server config (cluster.yaml named one under /home/ubuntu) only misled."""
+    from diprl.run.actors import server_config
+    from diprl.run.config import compose_config
+
+    for path in sorted((CONF_DIR / "inference").glob("*.yaml")):
+        assert load_server_config(path.stem).adapter_root == ServerConfig().adapter_root, path.name
+    config, _ = compose_config(["+experiment=pfsp_cluster"])
+    assert server_config(config, tmp_path / "run").adapter_root == str((tmp_path / "run" / "adapters").resolve())
