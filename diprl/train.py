@@ -54,7 +54,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         run_dir = held.path
         check_shared_run_dir(run_dir)  # on several nodes, every node must read and write it: refused now, not later
         write_provenance(run_dir)
-        pin_key = run_pin_key()  # this machine's, handed to every actor that publishes or checks versions
+        pin_key = run_pin_key(run_dir)  # this machine's, handed to every actor that publishes or checks versions
         print(f"run directory: {run_dir}", flush=True)
         if hint := info.dashboard_hint():
             print(hint, flush=True)

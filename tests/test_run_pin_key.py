@@ -258,3 +258,19 @@ def test_learners_on_a_node_without_a_key_file_use_the_key_the_driver_handed_the
     for path in [*tmp_path.rglob("*"), *logs.rglob("*")]:  # nowhere but the driver's key file: no log, no run file
         if path.is_file() and path != driver_key:
             assert secret not in path.read_bytes(), path
+
+
+def test_a_run_resumed_under_another_key_is_refused_at_start(no_key: Path, tmp_path: Path) -> None:
+    from diprl.run.actors import PIN_KEY_ID, run_pin_key
+    from diprl.run.config import ConfigError
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    key = run_pin_key(run_dir)
+    recorded = (run_dir / PIN_KEY_ID).read_text()
+    assert key.secret.decode()[:8] not in recorded  # a digest, never the key
+    assert run_pin_key(run_dir) == key  # resumed on the same machine: accepted
+    no_key.write_bytes(b"b" * 64 + b"\n")  # the machine's key is another one now
+    with pytest.raises(ConfigError, match=r"another adapter pin key.*DIPRL_PIN_KEY_FILE"):
+        run_pin_key(run_dir)
+    assert (run_dir / PIN_KEY_ID).read_text() == recorded  # the record is kept, not overwritten

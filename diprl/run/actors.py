@@ -15,10 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from diprl.atomic_io import write_file_atomic
 from diprl.console import ray_init_options
 from diprl.inference.adapters import pins
 from diprl.inference.adapters.pins import PinKey
-from diprl.run.config import Config
+from diprl.run.config import Config, ConfigError
 from diprl.run.driver import Actors
 from diprl.run.rundir import NAMESPACE, serve_app_name
 
@@ -43,13 +44,32 @@ def server_config(config: Config, run_dir: Path, verbose: bool = False) -> Any:
     )
 
 
-def run_pin_key() -> PinKey:
+PIN_KEY_ID = "pin_key.id"  # in the run directory: which key pinned its versions (a digest, never the key)
+
+
+def run_pin_key(run_dir: Path | None = None) -> PinKey:
     """The run's adapter pin key: this (the driver's) machine's, read or made once, and installed in the
     driver's own process (it publishes frozen adapters and its web app reads versions). The driver hands it
     to every actor that publishes or checks versions (learners, their ranks and hosts, PolicyServer
     replicas), so on a cluster no other node needs a key file. It travels in those actors' constructor
-    arguments, inside Ray, and is never written into the run directory, a config or a log."""
+    arguments, inside Ray, and is never written into the run directory, a config or a log.
+
+    With `run_dir`, the run remembers which key it started with (`pin_key.id`, a one-way digest): a run
+    resumed under another key (another machine's, or a job whose working directory held the first) would
+    refuse every version it published, an hour later in a learner; it is refused here, saying what to set.
+    """
     key = pins.load_key()
+    if run_dir is not None:
+        marker = Path(run_dir) / PIN_KEY_ID
+        if marker.exists():
+            if marker.read_text().strip() != key.digest():
+                raise ConfigError(
+                    f"{run_dir} was started under another adapter pin key than this machine's ({pins.key_path()}): "
+                    f"its versions would all be refused. Resume it with {pins.KEY_ENV} pointing at the key it "
+                    "started with (docs/cluster.md)"
+                )
+        else:
+            write_file_atomic(marker, (key.digest() + "\n").encode())
     pins.use_key(key)
     return key
 

@@ -64,6 +64,11 @@ class PinKey:
         if not (isinstance(self.secret, bytes) and _KEY_RE.fullmatch(self.secret) and len(self.secret) == 64):
             raise ValueError("a pin key is 64 lowercase hex digits")
 
+    def digest(self) -> str:
+        """Which key this is, safe to write down: a one-way digest that tells two keys apart and reveals
+        nothing of either (a run directory records it to refuse a resume under another key)."""
+        return hashlib.sha256(b"diprl pin key id\n" + self.secret).hexdigest()[:32]
+
 
 _installed: PinKey | None = None  # this process's key, handed by a training run's driver (`use_key`)
 
