@@ -25,7 +25,7 @@ Definitions (all for one seat, the "hero", over the movement phases it had units
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from diprl.game import DiplomacyGame, PhaseRecord
@@ -190,23 +190,14 @@ class BehaviourTracker:
 
 
 def merge(counts: Sequence[BehaviourCounts]) -> BehaviourCounts:
-    """Sum of per-game counts (start/final centres and years summed too: only rates use them)."""
+    """Sum of per-game counts, field by field (start/final centres and years summed too: only rates use them)."""
     total = BehaviourCounts()
     for c in counts:
-        total.movement_phases += c.movement_phases
-        total.orders += c.orders
-        total.holds += c.holds
-        total.moves += c.moves
-        total.supports += c.supports
-        total.convoys += c.convoys
-        for key, n in c.verdicts.items():
-            total.verdicts[key] = total.verdicts.get(key, 0) + n
-        total.start_centres += c.start_centres
-        total.final_centres += c.final_centres
-        total.years += c.years
-        total.supporter_opportunities += c.supporter_opportunities
-        total.supporter_attacks += c.supporter_attacks
-        total.supporter_attack_orders += c.supporter_attack_orders
-        total.builds += c.builds
-        total.waived_builds += c.waived_builds
+        for f in fields(BehaviourCounts):
+            mine, theirs = getattr(total, f.name), getattr(c, f.name)
+            if isinstance(mine, dict):
+                for key, n in theirs.items():
+                    mine[key] = mine.get(key, 0) + n
+            else:
+                setattr(total, f.name, mine + theirs)
     return total
