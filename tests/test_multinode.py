@@ -99,6 +99,7 @@ def test_actor_factories_pass_the_placement_and_a_learner_takes_whole_gpus(monke
 
     from diprl.learn.actor import learner_actor
     from diprl.learn.config import LearnerConfig
+    from diprl.learn.site import LearnerSite
     from diprl.rollout.worker import WorkerConfig, worker_actor
 
     seen: list[dict[str, Any]] = []
@@ -112,9 +113,9 @@ def test_actor_factories_pass_the_placement_and_a_learner_takes_whole_gpus(monke
             return None
 
     monkeypatch.setattr(ray, "remote", lambda cls: Remote())
-    learner_actor(LearnerConfig(use_gpu=True), "run", "adapters", resources={"learner_node": 0.001})
+    learner_actor(LearnerConfig(use_gpu=True), LearnerSite("run", "adapters"), resources={"learner_node": 0.001})
     worker_actor(WorkerConfig(), "ledger", 0, 0.5, "rollout-0", {"rollout_node": 0.001})
-    learner_actor(LearnerConfig(), "run", "adapters")
+    learner_actor(LearnerConfig(), LearnerSite("run", "adapters"))
     assert seen[0]["resources"] == {"learner_node": 0.001} and seen[0]["num_gpus"] == 1
     assert seen[1]["resources"] == {"rollout_node": 0.001} and seen[1]["num_cpus"] == 0.5
     assert "resources" not in seen[2] and seen[2]["num_gpus"] == 0

@@ -18,6 +18,7 @@ from diprl.league import LeagueConfig, LeagueManager
 from diprl.league.health import HealthConfig
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
+from diprl.learn.site import LearnerSite
 from diprl.messages import EvaluationResult, OpponentResult
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
@@ -66,7 +67,8 @@ def test_a_planted_collapse_rolls_main_back_once_and_says_so(tmp_path: Path, mon
     health = HealthConfig(rollback=True, pin_every=0, crossplay_pairs=0)
     league = LeagueManager(LeagueConfig(anchors=["bot:random"], health=health), tmp_path)
     learner = Learner(
-        LearnerConfig(lr=2e-2, micro_batch_tokens=1200, checkpoint_every=1), tmp_path, tmp_path / "adapters"
+        LearnerConfig(lr=2e-2, micro_batch_tokens=1200, checkpoint_every=1),
+        LearnerSite(tmp_path, tmp_path / "adapters"),
     )
     tracker = Tracker(tmp_path, {}, use_wandb=False)
     journal = Journal(tmp_path, tracker, RunStats())

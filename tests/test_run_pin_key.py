@@ -25,6 +25,7 @@ import pytest
 from diprl.inference.adapters import AdapterStore, CorruptAdapter, pins
 from diprl.inference.adapters.pins import PinKey
 from diprl.inference.config import ServerConfig
+from diprl.learn.site import LearnerSite
 from tests.inference.lora_fixtures import make_lora_dir
 
 KEY_A, KEY_B, KEY_C = (PinKey((digit * 64).encode()) for digit in "abc")
@@ -101,22 +102,22 @@ def test_the_driver_hands_its_key_to_every_learner_and_replica(
         def options(self, **options: Any) -> Remote:
             return self
 
-        def remote(self, *args: Any, **kwargs: Any) -> None:
-            handed.append(kwargs.get("pin_key", args[-1]))
+        def remote(self, config: Any, site: LearnerSite, *args: Any) -> None:
+            handed.append(site.pin_key)
 
     monkeypatch.setattr(ray, "remote", lambda cls: Remote())
-    monkeypatch.setattr(group, "group_actor", lambda *args: handed.append(args[-1]))
+    monkeypatch.setattr(group, "group_actor", lambda config, site, *args: handed.append(site.pin_key))
     config, _ = compose_config(["+experiment=smoke"])
     for per_actor, ranks in ((1, 1), (1, 2), (2, 1)):
         learner = replace(config.learner, adapters_per_actor=per_actor, ranks=ranks)
-        start_learners(replace(config, learner=learner), ["main"], "run", "adapters", KEY_A)
+        start_learners(replace(config, learner=learner), ["main"], LearnerSite("run", "adapters", pin_key=KEY_A))
     assert handed == [KEY_A] * 3
 
     # A rank and a host install the key before anything else (a host refusing its configs has it already).
     group.LearnerRank(True, KEY_B)  # (True: leaves this process's torch threads alone)
     assert pins._installed == KEY_B
     with pytest.raises(host.HostError, match="at least one policy"):
-        host.LearnerHost([], "run", "adapters", pin_key=KEY_C)
+        host.LearnerHost([], LearnerSite("run", "adapters", pin_key=KEY_C))
     assert pins._installed == KEY_C
 
     # The deployment binds the key beside the config, never in it; each replica installs it before its engine.
@@ -235,16 +236,18 @@ def test_learners_on_a_node_without_a_key_file_use_the_key_the_driver_handed_the
         try:
             # Handed no key, a learner on the worker refuses what the driver pinned: the bug this fixes.
             bare = learner_actor(
-                LearnerConfig(policy="bare", init_adapter="init@v1"), tmp_path / "run", root, resources=keyless
+                LearnerConfig(policy="bare", init_adapter="init@v1"),
+                LearnerSite(tmp_path / "run", root),
+                resources=keyless,
             )
             assert "init@v1: its pin is keyed and this process has no pin key" in _refusal(bare)
             # A learner group's ranks, handed the key, still refuse a version pinned under another key.
             config = LearnerConfig(policy="group", init_adapter="forged@v1", ranks=2)
-            forged = learner_actor(config, tmp_path / "run", root, resources=keyless, pin_key=key)
+            forged = learner_actor(config, LearnerSite(tmp_path / "run", root, pin_key=key), resources=keyless)
             assert "forged@v1: its files do not match the fingerprint pinned" in _refusal(forged)
             # Handed the key, a learner starts from the driver's version and publishes its own under that key.
             config = LearnerConfig(policy="main", init_adapter="init@v1", checkpoint_every=0)
-            learner = learner_actor(config, tmp_path / "run", root, resources=keyless, pin_key=key)
+            learner = learner_actor(config, LearnerSite(tmp_path / "run", root, pin_key=key), resources=keyless)
             ray.get(learner.pid_of.remote(), timeout=900)
             on = ray.get(learner.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
             assert on != cluster.head_node.node_id

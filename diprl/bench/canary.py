@@ -73,6 +73,7 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from diprl.learn.canary import version_canary
     from diprl.learn.config import LearnerConfig
     from diprl.learn.learner import Learner
+    from diprl.learn.site import LearnerSite
     from diprl.policy.models import resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
 
@@ -84,7 +85,7 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         canary_every=args.canary_every,
         groups_per_step=args.groups,
     )
-    learner = Learner(config, tmp / "run", tmp / "adapters")
+    learner = Learner(config, LearnerSite(tmp / "run", tmp / "adapters"))
     tokenizer = load_tokenizer(resolve_model_path(learner.preset))
     states = mid_game_states(args.groups * (args.steps + 1), seed=args.seed)
     steps, canaries = [], []

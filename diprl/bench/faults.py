@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from diprl.bench.learner import make_groups
     from diprl.learn.config import LearnerConfig
     from diprl.learn.learner import Learner
+    from diprl.learn.site import LearnerSite
     from diprl.policy.models import load_preset, resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
 
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             max_policy_lag=1,
             keep_versions=args.keep_versions,
         )
-        learner = Learner(config, Path(tmp) / "run", Path(tmp) / "adapters")
+        learner = Learner(config, LearnerSite(Path(tmp) / "run", Path(tmp) / "adapters"))
         expected: dict[tuple[str, int], str] = {}  # (group id, index) -> reason
         good = exceptions = faults = skipped = 0
         published: list[str] = [learner.latest_version()]

@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     from diprl.learn.batching import micro_batches
     from diprl.learn.config import LearnerConfig
     from diprl.learn.learner import Learner
+    from diprl.learn.site import LearnerSite
     from diprl.policy.models import resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
 
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             prefix_sharing=True,
             prefix_min_tokens=args.prefix_min_tokens,
         )
-        learner = Learner(config, Path(tmp) / "run", Path(tmp) / "adapters")
+        learner = Learner(config, LearnerSite(Path(tmp) / "run", Path(tmp) / "adapters"))
         tokenizer = load_tokenizer(resolve_model_path(learner.preset))
         bare = BareLoop(learner)
         published = [learner.latest_version()]
@@ -271,6 +272,7 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
     from diprl.inference.adapters import AdapterStore
     from diprl.learn.actor import learner_actor
     from diprl.learn.model import build_peft_model, read_adapter_dir
+    from diprl.learn.site import LearnerSite
     from diprl.policy.models import load_preset, resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
     from diprl.policy.vocab import token_table
@@ -311,7 +313,9 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
     ):
         for n in (1, args.ranks):
             root = Path(tmp) / f"ranks-{n}"
-            actor = learner_actor(replace(config, ranks=n), root / "run", root / "adapters", name=f"learner-bench-{n}")
+            actor = learner_actor(
+                replace(config, ranks=n), LearnerSite(root / "run", root / "adapters"), name=f"learner-bench-{n}"
+            )
             ray.get(actor.pid_of.remote())
             times: list[float] = []
             splits: dict[str, list[float]] = {key: [] for key in SPLITS}

@@ -52,6 +52,7 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
     from diprl.bench.constraint import mid_game_states
     from diprl.bench.learner import actor_bench_config, make_groups
     from diprl.learn.actor import HostedLearner, learner_actor, learner_host_actor
+    from diprl.learn.site import LearnerSite
     from diprl.policy.models import load_preset, resolve_model_path
     from diprl.policy.tokenizer import load_tokenizer
     from diprl.policy.vocab import token_table
@@ -88,12 +89,14 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
             root = Path(tmp) / side
             configs = [replace(config, policy=p) for p in policies]
             if side == "host":
-                host = learner_host_actor(configs, root / "run", root / "adapters")
+                host = learner_host_actor(configs, LearnerSite(root / "run", root / "adapters"))
                 handles: dict[str, Any] = {p: HostedLearner(host, p) for p in policies}
                 actors = [host]
             else:
                 handles = {
-                    c.policy: learner_actor(c, root / "run", root / "adapters", name=f"learner-bench-{c.policy}")
+                    c.policy: learner_actor(
+                        c, LearnerSite(root / "run", root / "adapters"), name=f"learner-bench-{c.policy}"
+                    )
                     for c in configs
                 }
                 actors = list(handles.values())

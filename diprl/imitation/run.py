@@ -32,10 +32,11 @@ REPORT = "imitate_report.json"
 def make_learner(config: ImitateConfig, run_dir: Path) -> Any:
     """The policy's learner in this process; it publishes `config.learner.policy`'s untrained first version."""
     from diprl.learn.learner import Learner
+    from diprl.learn.site import LearnerSite
     from diprl.policy.models import build_model
 
     build_model(config.learner.model)  # the imitation command's set-up: the learner only looks it up
-    return Learner(config.learner, run_dir, config.adapter_root)
+    return Learner(config.learner, LearnerSite(run_dir, config.adapter_root))
 
 
 def teacher_data(

@@ -7,25 +7,21 @@ only says how Ray runs it: named, restarted forever, tasks retried, on a GPU or 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from diprl.inference.adapters.pins import PinKey
 from diprl.learn.config import LearnerConfig
 from diprl.learn.host import LearnerHost
 from diprl.learn.learner import Learner
+from diprl.learn.site import LearnerSite
 
 
 def learner_actor(
     config: LearnerConfig,
-    run_dir: str | Path,
-    adapter_root: str | Path,
-    registry: str | None = None,
+    site: LearnerSite,
     name: str | None = None,
     namespace: str | None = None,
     queue: str | None = None,
     resources: dict[str, float] | None = None,
-    pin_key: PinKey | None = None,
 ) -> Any:
     """The Ray actor form: named `learner-<policy>` (get-if-exists), restarted forever, tasks retried.
 
@@ -36,8 +32,8 @@ def learner_actor(
     Ray never hands a fraction of it to a PolicyServer replica (`python -m diprl.plan` counts the same way).
     `resources` (custom resources, `placement.learner`) keep it on the nodes that declare them, restarts too.
     With `config.ranks` > 1 it is a `diprl.learn.group.LearnerGroup` of that many ranks with the same API.
-    `pin_key`: the run's adapter pin key, installed in every process that publishes or reads versions (its
-    node then needs no key file); None: each reads its node's (`diprl.inference.adapters.pins`).
+    `site.pin_key`: the run's adapter pin key, installed in every process that publishes or reads versions
+    (its node then needs no key file); None: each reads its node's (`diprl.inference.adapters.pins`).
     """
     import ray
 
@@ -45,33 +41,28 @@ def learner_actor(
         from diprl.learn.group import group_actor
 
         name = name or f"learner-{config.policy}"
-        return group_actor(config, run_dir, adapter_root, registry, name, namespace, queue, resources, pin_key)
+        return group_actor(config, site, name, namespace, queue, resources)
     remote_cls: Any = ray.remote(Learner)
     options = _actor_options(config, name or f"learner-{config.policy}", namespace, resources)
-    return remote_cls.options(**options).remote(
-        config, str(run_dir), str(adapter_root), registry, queue, pin_key=pin_key
-    )
+    return remote_cls.options(**options).remote(config, site, queue)
 
 
 def learner_host_actor(
     configs: list[LearnerConfig],
-    run_dir: str | Path,
-    adapter_root: str | Path,
-    registry: str | None = None,
+    site: LearnerSite,
     namespace: str | None = None,
     queues: dict[str, str] | None = None,
     resources: dict[str, float] | None = None,
-    pin_key: PinKey | None = None,
 ) -> Any:
     """A `LearnerHost` actor for `configs`' policies, named `learners-<policy>+<policy>...` and placed like a
     learner (one GPU or one CPU for all of them); restarted forever, each adapter resuming on its own.
-    `pin_key` as for `learner_actor`."""
+    `site` as for `learner_actor`."""
     import ray
 
     name = "learners-" + "+".join(c.policy for c in configs)
     remote_cls: Any = ray.remote(LearnerHost)
     options = _actor_options(configs[0], name, namespace, resources)
-    return remote_cls.options(**options).remote(configs, str(run_dir), str(adapter_root), registry, queues, pin_key)
+    return remote_cls.options(**options).remote(configs, site, queues)
 
 
 class HostedLearner:

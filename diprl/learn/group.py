@@ -36,6 +36,7 @@ from diprl.inference.adapters.pins import PinKey, use_key
 from diprl.learn.config import LearnerConfig
 from diprl.learn.intake import GroupIntake
 from diprl.learn.ranks import RankSpec
+from diprl.learn.site import LearnerSite
 from diprl.learn.versions import VersionBook
 from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
 from diprl.ports import free_port
@@ -78,12 +79,10 @@ class LearnerRank:
         host = ray.util.get_node_ip_address()
         return f"tcp://{host}:{free_port(host)}"
 
-    def start(
-        self, config: LearnerConfig, run_dir: str, adapter_root: str, registry: str | None, spec: RankSpec
-    ) -> int:
+    def start(self, config: LearnerConfig, site: LearnerSite, spec: RankSpec) -> int:
         from diprl.learn.learner import Learner  # here, not at the top: the group's own actor holds no model
 
-        self.learner = Learner(config, run_dir, adapter_root, registry, None, spec)
+        self.learner = Learner(config, site, rank=spec)
         return int(self.learner.step)
 
     def call(self, method: str, *args: Any) -> Any:
@@ -96,26 +95,20 @@ class LearnerGroup:
     def __init__(
         self,
         config: LearnerConfig,
-        run_dir: str | Path,
-        adapter_root: str | Path,
-        registry: str | None = None,
+        site: LearnerSite,
         queue: str | None = None,
         resources: dict[str, float] | None = None,
         namespace: str | None = None,
-        pin_key: PinKey | None = None,
     ) -> None:
         if config.ranks < 2:
             raise ValueError(f"a learner group needs learner.ranks >= 2, got {config.ranks}")
         self.config = config
-        self.run_dir = str(run_dir)
-        self.adapter_root = str(adapter_root)
-        self.registry = registry
+        self.site = site  # handed to every rank (its pin key too), fresh ones after a restart as well
         self.resources = dict(resources or {})
         self.namespace = namespace
-        self.pin_key = pin_key  # handed to every rank, fresh ones after a restart too
         self.intake = GroupIntake(
             queue,
-            Path(run_dir) / "learner" / config.policy,
+            Path(site.run_dir) / "learner" / config.policy,
             config.groups_per_step,
             holdover=max(2 * config.groups_per_step, 16),
         )
@@ -182,14 +175,11 @@ class LearnerGroup:
             remote.options(
                 **options,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=r),
-            ).remote(cfg.use_gpu, self.pin_key)
+            ).remote(cfg.use_gpu, self.site.pin_key)
             for r in range(cfg.ranks)
         ]
         meet = ray.get(self.ranks[0].address.remote())
-        refs = [
-            actor.start.remote(cfg, self.run_dir, self.adapter_root, self.registry, RankSpec(r, cfg.ranks, meet))
-            for r, actor in enumerate(self.ranks)
-        ]
+        refs = [actor.start.remote(cfg, self.site, RankSpec(r, cfg.ranks, meet)) for r, actor in enumerate(self.ranks)]
         try:
             self._gather(refs)
         except GroupFailure as failure:
@@ -350,14 +340,11 @@ class LearnerGroup:
 
 def group_actor(
     config: LearnerConfig,
-    run_dir: str | Path,
-    adapter_root: str | Path,
-    registry: str | None,
+    site: LearnerSite,
     name: str,
     namespace: str | None,
     queue: str | None,
     resources: dict[str, float] | None,
-    pin_key: PinKey | None = None,
 ) -> Any:
     """The group's own actor: no CPU of its own (its ranks hold them), restarted forever, tasks retried."""
     import ray
@@ -372,6 +359,4 @@ def group_actor(
     if namespace is not None:
         options["namespace"] = namespace
     remote_cls: Any = ray.remote(LearnerGroup)
-    return remote_cls.options(**options).remote(
-        replace(config), str(run_dir), str(adapter_root), registry, queue, resources, namespace, pin_key
-    )
+    return remote_cls.options(**options).remote(replace(config), site, queue, resources, namespace)

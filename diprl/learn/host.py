@@ -25,10 +25,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from diprl.inference.adapters.pins import PinKey, use_key
+from diprl.inference.adapters.pins import use_key
 from diprl.learn.config import LearnerConfig, shared_base_refusal
 from diprl.learn.learner import Learner
 from diprl.learn.model import load_base
+from diprl.learn.site import LearnerSite
 from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset
 
@@ -67,21 +68,13 @@ class LearnerHost:
     `diprl.learn.actor.learner_host_actor` makes it a Ray actor."""
 
     def __init__(
-        self,
-        configs: Sequence[LearnerConfig],
-        run_dir: str | Path,
-        adapter_root: str | Path,
-        registry: str | None = None,
-        queues: dict[str, str] | None = None,
-        pin_key: PinKey | None = None,
+        self, configs: Sequence[LearnerConfig], site: LearnerSite, queues: dict[str, str] | None = None
     ) -> None:
-        use_key(pin_key)  # the run's pin key, for every learner of this process (`Learner`)
+        use_key(site.pin_key)  # the run's pin key, for every learner of this process (`Learner`)
         check_shareable(configs)
         queues = queues or {}
         self.base = load_base(load_preset(configs[0].model), configs[0])
-        self.learners = {
-            c.policy: Learner(c, run_dir, adapter_root, registry, queues.get(c.policy), base=self.base) for c in configs
-        }
+        self.learners = {c.policy: Learner(c, site, queues.get(c.policy), base=self.base) for c in configs}
 
     def learner(self, policy: str) -> Learner:
         try:

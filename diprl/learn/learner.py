@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from diprl.inference.adapters import AdapterStore
-from diprl.inference.adapters.pins import PinKey, use_key
+from diprl.inference.adapters.pins import use_key
 from diprl.learn.batching import PreparedRecord, prepare_record
 from diprl.learn.config import LearnerConfig, scheduled_lr
 from diprl.learn.intake import GroupIntake
@@ -55,6 +55,7 @@ from diprl.learn.quarantine import (
 )
 from diprl.learn.ranks import Collective, RankSpec
 from diprl.learn.report import StepTimer
+from diprl.learn.site import LearnerSite
 from diprl.learn.train_state import base_optimizer
 from diprl.learn.versions import VersionBook
 from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
@@ -71,34 +72,32 @@ class Learner:
     """The learner of one trained policy. Plain class; `diprl.learn.actor.learner_actor` makes it a Ray actor.
 
     On construction it resumes from its newest good checkpoint or publishes its first version (see
-    `diprl.learn.lifecycle`). `rank` None: the learner is one process; else one rank of a group.
-    `pin_key`: the run's adapter pin key, which an actor of a run installs for its process
-    (`diprl.inference.adapters.pins.use_key`) before it touches the store; None reads this node's key file.
+    `diprl.learn.lifecycle`). `site`: its run directory, adapter store, registry and pin key (installed for
+    this process before it touches the store). `rank` None: the learner is one process; else one rank of a group.
     """
 
     def __init__(
         self,
         config: LearnerConfig,
-        run_dir: str | Path,
-        adapter_root: str | Path,
-        registry: str | None = None,
+        site: LearnerSite,
         queue: str | None = None,
         rank: RankSpec | None = None,
         base: Any = None,
-        pin_key: PinKey | None = None,
     ) -> None:
-        use_key(pin_key)
+        use_key(site.pin_key)
         self.config = config
         self.base = base  # a base model shared with other adapters (`diprl.learn.host`), or None: its own
         self.rank_spec = rank
         self.dist = Collective(rank)
         self.preset = load_preset(config.model)
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(site.run_dir)
         tokenizer = load_tokenizer(resolve_model_path(self.preset))
         self.vocab_size = self.preset.tiny.vocab_size if self.preset.tiny is not None else None
         self.table = token_table(tokenizer, self.vocab_size)
         self.pad_id = pad_token_id(tokenizer)
-        self.life = Lifecycle(config, self.dist, self.run_dir, AdapterStore(adapter_root), self.preset, registry)
+        self.life = Lifecycle(
+            config, self.dist, self.run_dir, AdapterStore(site.adapter_root), self.preset, site.registry
+        )
         self.quarantine = QuarantineFile(self.metrics_path.with_name(QUARANTINE_FILE), config.policy, self.dist.writer)
         self._answered: float | None = None  # when train_next last returned (its idle time)
         self.intake = GroupIntake(

@@ -19,6 +19,7 @@ from diprl.atomic_io import write_file_atomic
 from diprl.console import ray_init_options
 from diprl.inference.adapters import pins
 from diprl.inference.adapters.pins import PinKey
+from diprl.learn.site import LearnerSite
 from diprl.run.config import Config, ConfigError
 from diprl.run.driver import Actors
 from diprl.run.rundir import NAMESPACE, serve_app_name
@@ -107,7 +108,7 @@ def start_actors(config: Config, run_dir: Path, pin_key: PinKey | None = None) -
     ledger = GroupLedger.options(name=LEDGER, resources=where.ledger, num_cpus=0).remote(  # type: ignore[attr-defined]
         {p: queue_name(p) for p in policies}, accepted_log
     )
-    learners = start_learners(config, policies, str(run_dir), str(adapter_root), pin_key)
+    learners = start_learners(config, policies, LearnerSite(str(run_dir), str(adapter_root), pin_key=pin_key))
     r = config.rollout
     worker_config = WorkerConfig(
         episode=r.episode,
@@ -136,9 +137,7 @@ def start_actors(config: Config, run_dir: Path, pin_key: PinKey | None = None) -
     return Actors(serve_app, league, ledger, queues, learners, workers, evaluator)
 
 
-def start_learners(
-    config: Config, policies: list[str], run_dir: str, adapter_root: str, pin_key: PinKey | None = None
-) -> dict[str, Any]:
+def start_learners(config: Config, policies: list[str], site: LearnerSite) -> dict[str, Any]:
     """A learner handle per policy: its own actor, or with `learner.adapters_per_actor` > 1 its place on a host
     actor that trains that many policies on one base (`diprl.learn.host`), in the order the league names them."""
     from diprl.learn.actor import HostedLearner, learner_actor, learner_host_actor
@@ -149,12 +148,10 @@ def start_learners(
         return {
             p: learner_actor(
                 replace(config.learner, policy=p),
-                run_dir,
-                adapter_root,
+                site,
                 name=f"learner-{p}",
                 queue=queue_name(p),
                 resources=where.learner,
-                pin_key=pin_key,
             )
             for p in policies
         }
@@ -163,11 +160,9 @@ def start_learners(
         hosted = policies[start : start + per_actor]
         host = learner_host_actor(
             [replace(config.learner, policy=p) for p in hosted],
-            run_dir,
-            adapter_root,
+            site,
             queues={p: queue_name(p) for p in hosted},
             resources=where.learner,
-            pin_key=pin_key,
         )
         learners.update({p: HostedLearner(host, p) for p in hosted})
     return learners

@@ -12,6 +12,7 @@ from diprl.bench.learner import BARE_ADAPTER, BareLoop, main
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.model import lora_parameters, lora_state, read_adapter_dir
+from diprl.learn.site import LearnerSite
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 
@@ -20,7 +21,7 @@ from .groups import make_group, on_policy
 
 def test_the_bare_loop_trains_an_adapter_of_its_own_on_the_learners_base(tmp_path: Path) -> None:
     """Found: the bare loop held a second full copy of the model (an 8B learner ran out of 80 GB)."""
-    learner = Learner(LearnerConfig(lr=1e-2, checkpoint_every=0), tmp_path / "run", tmp_path / "adapters")
+    learner = Learner(LearnerConfig(lr=1e-2, checkpoint_every=0), LearnerSite(tmp_path / "run", tmp_path / "adapters"))
     tokenizer: Any = load_tokenizer(resolve_model_path(load_preset("tiny")))
     group = on_policy(learner, make_group(learner.table, tokenizer, learner.latest_version(), [1.0, -1.0], seed=3))
     names = sorted(lora_parameters(learner.peft))

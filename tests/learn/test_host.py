@@ -17,6 +17,7 @@ from diprl.learn.config import LearnerConfig
 from diprl.learn.host import HostError, LearnerHost, check_shareable
 from diprl.learn.learner import Learner
 from diprl.learn.model import build_peft_model, lora_state
+from diprl.learn.site import LearnerSite
 from diprl.learn.train_state import base_optimizer
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
@@ -58,8 +59,13 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Iterato
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("host")
-    host = LearnerHost([replace(CONFIG, policy=p) for p in POLICIES], root / "host", root / "host-adapters")
-    alone = {p: Learner(replace(CONFIG, policy=p), root / f"alone-{p}", root / f"alone-{p}-adapters") for p in POLICIES}
+    host = LearnerHost(
+        [replace(CONFIG, policy=p) for p in POLICIES], LearnerSite(root / "host", root / "host-adapters")
+    )
+    alone = {
+        p: Learner(replace(CONFIG, policy=p), LearnerSite(root / f"alone-{p}", root / f"alone-{p}-adapters"))
+        for p in POLICIES
+    }
     for step in range(2):
         for policy in POLICIES:  # interleaved, as the host's calls come
             batch = _batch(alone[policy], tokenizer, seed=10 * step + len(policy))
@@ -111,7 +117,7 @@ def test_a_reset_moves_that_adapter_alone_and_a_new_host_resumes_each_at_its_own
     run_dir = host.learner("main").run_dir
     adapters = host.learner("main").store.root
     expected = {p: (host.learner(p).step, lora_state(host.learner(p).peft)) for p in POLICIES}
-    again = LearnerHost([replace(CONFIG, policy=p) for p in POLICIES], run_dir, adapters)
+    again = LearnerHost([replace(CONFIG, policy=p) for p in POLICIES], LearnerSite(run_dir, adapters))
     try:
         for policy, (step, weights) in expected.items():
             assert again.learner(policy).step == step

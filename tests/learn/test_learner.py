@@ -32,6 +32,7 @@ from diprl.learn.model import (
     lora_state,
     read_adapter_dir,
 )
+from diprl.learn.site import LearnerSite
 from diprl.learn.train_state import engine_state, rng_state
 from diprl.messages import TrainingRecord
 from diprl.policy.models import load_preset, resolve_model_path
@@ -52,7 +53,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Learner]:
     config = LearnerConfig(
         lr=2e-2, micro_batch_tokens=1200, grad_accum=2, max_policy_lag=2, checkpoint_every=0, max_grad_norm=1.0
     )
-    learner = Learner(config, root / "run", root / "adapters")
+    learner = Learner(config, LearnerSite(root / "run", root / "adapters"))
     yield learner
     learner.engine.destroy()
 
@@ -161,7 +162,7 @@ def test_behaviour_cloning_raises_the_likelihood_of_the_teacher_completion(tmp_p
     """A fresh learner: the shared one's Adam moments, left by the GRPO steps before, carry it the other way
     for several steps, which says nothing about the BC loss."""
     config = LearnerConfig(lr=2e-2, micro_batch_tokens=1200, checkpoint_every=0, max_grad_norm=1.0)
-    fresh = Learner(config, tmp_path / "run", tmp_path / "adapters")
+    fresh = Learner(config, LearnerSite(tmp_path / "run", tmp_path / "adapters"))
     group = make_group(fresh.table, tokenizer, "main@v1", [0.0], power="ENGLAND", seed=6)
     teacher = [replace(r, behaviour_logprobs=[], advantages=[]) for r in group.records]
     before = sum(fresh.score(teacher)[0])
@@ -184,7 +185,7 @@ def test_the_lr_decays_linearly_to_zero_over_lr_decay_steps(tmp_path: Path, toke
     )
     assert scheduled_lr(LearnerConfig(lr=0.3), 10_000) == 0.3
     config = LearnerConfig(lr=2e-2, lr_decay_steps=3, micro_batch_tokens=1200, checkpoint_every=0)
-    fresh = Learner(config, tmp_path / "run", tmp_path / "adapters")
+    fresh = Learner(config, LearnerSite(tmp_path / "run", tmp_path / "adapters"))
     group = make_group(fresh.table, tokenizer, "main@v1", [0.0], power="ENGLAND", seed=6)
     teacher = [replace(r, behaviour_logprobs=[], advantages=[]) for r in group.records]
     lrs = [fresh.train_records(teacher, objective="bc").metrics["lr"] for _ in range(3)]
@@ -216,8 +217,7 @@ def test_epochs_take_several_clipped_updates_on_one_batch_and_publish_one_versio
     for epochs in (1, 3):
         learner = Learner(
             LearnerConfig(lr=1e-3, epochs=epochs, checkpoint_every=0),
-            tmp_path / f"run{epochs}",
-            tmp_path / f"adapters{epochs}",
+            LearnerSite(tmp_path / f"run{epochs}", tmp_path / f"adapters{epochs}"),
         )
         try:
             advantages = [1.0, -1 / 3, -1 / 3, -1 / 3]
@@ -266,7 +266,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     torch optimizer's groups between steps)."""
     run, adapters = tmp_path / "run", tmp_path / "adapters"
     stage = {"zero_stage": zero_stage, "zero3_persistence_threshold": 0}
-    a = Learner(_config(checkpoint_every=1, **stage), run, adapters)
+    a = Learner(_config(checkpoint_every=1, **stage), LearnerSite(run, adapters))
     assert (run / "checkpoints" / "main" / "step-0").is_dir()  # resumable from its first moment
     groups = [make_group(a.table, tokenizer, f"main@v{i + 1}", [1.0, -1.0, 0.3], seed=10 + i) for i in range(3)]
     for g in groups[:2]:
@@ -281,7 +281,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     # killed after step 3 ran but before its checkpoint landed
     shutil.rmtree(run / "checkpoints" / "main" / "step-3")
 
-    b = Learner(_config(checkpoint_every=1, **stage), run, adapters)
+    b = Learner(_config(checkpoint_every=1, **stage), LearnerSite(run, adapters))
     assert _tensors_equal(_snapshot(b), at_step_2)  # master weights, Adam moments and RNGs bit for bit
     # Step 3's main@v4 stays in the store (never reused): the restored weights (main@v3's) become main@v5.
     assert b.step == 2 and b.latest_version() == "main@v5"
@@ -303,7 +303,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     newest = run / "checkpoints" / "main" / "step-3"
     state = newest / "learner.safetensors"
     state.write_bytes(state.read_bytes()[:-10])
-    c = Learner(_config(checkpoint_every=1, **stage), run, adapters)
+    c = Learner(_config(checkpoint_every=1, **stage), LearnerSite(run, adapters))
     assert c.step == 2
     [(path, reason)] = c.state()["skipped_checkpoints"]
     assert path == str(newest) and "learner.safetensors" in reason
@@ -323,7 +323,7 @@ class _Planted:
 
 def test_a_pickle_planted_in_a_checkpoint_is_never_unpickled(tmp_path: Path, tokenizer: Any) -> None:
     run, adapters, marker = tmp_path / "run", tmp_path / "adapters", tmp_path / "code-ran"
-    a = Learner(_config(checkpoint_every=1), run, adapters)
+    a = Learner(_config(checkpoint_every=1), LearnerSite(run, adapters))
     for i in range(2):
         a.train_step([make_group(a.table, tokenizer, f"main@v{i + 1}", [1.0, -1.0, 0.3], seed=10 + i)])
     a.engine.destroy()
@@ -337,7 +337,7 @@ def test_a_pickle_planted_in_a_checkpoint_is_never_unpickled(tmp_path: Path, tok
         manifest["files"][rel] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
     (newest / "MANIFEST.json").write_text(json.dumps(manifest))
 
-    b = Learner(_config(checkpoint_every=1), run, adapters)
+    b = Learner(_config(checkpoint_every=1), LearnerSite(run, adapters))
     assert not marker.exists()
     assert b.step == 1
     [(path, reason)] = b.state()["skipped_checkpoints"]
@@ -557,7 +557,9 @@ def test_ema_decay_one_keeps_the_warm_start_as_the_kl_reference_across_steps_and
     """`ema_decay: 1.0` anchors RL to where it started: the reference stays the init adapter's weights while
     the policy moves away from them (kl > 0), and a resumed learner gets that reference back, not its own
     restored weights or a fresh LoRA."""
-    warm = Learner(LearnerConfig(lr=2e-2, checkpoint_every=0), tmp_path / "warm", tmp_path / "warm_adapters")
+    warm = Learner(
+        LearnerConfig(lr=2e-2, checkpoint_every=0), LearnerSite(tmp_path / "warm", tmp_path / "warm_adapters")
+    )
     warm.train_step([make_group(warm.table, tokenizer, "main@v1", [1.0, -1.0, 0.3], seed=3)])
     start = {k: v.float().clone() for k, v in lora_state(warm.peft).items()}
     init_dir = AdapterStore(tmp_path / "warm_adapters").resolve("main@v2").path
@@ -571,7 +573,7 @@ def test_ema_decay_one_keeps_the_warm_start_as_the_kl_reference_across_steps_and
         lr=2e-2, micro_batch_tokens=1200, kl_coef=0.1, ema_decay=1.0, init_adapter=str(init_dir), checkpoint_every=1
     )
     run, adapters = tmp_path / "run", tmp_path / "adapters"
-    a = Learner(config, run, adapters)
+    a = Learner(config, LearnerSite(run, adapters))
     assert same(lora_state(a.peft)) and same(a.ema)
     reports = [
         a.train_step([make_group(a.table, tokenizer, f"main@v{i + 1}", [1.0, -1.0, 0.3], seed=10 + i)])
@@ -580,6 +582,6 @@ def test_ema_decay_one_keeps_the_warm_start_as_the_kl_reference_across_steps_and
     assert same(a.ema) and not same(lora_state(a.peft))
     assert reports[1].metrics["kl"] > 0
     a.engine.destroy()
-    b = Learner(config, run, adapters)
+    b = Learner(config, LearnerSite(run, adapters))
     assert b.step == 2 and same(b.ema) and not same(lora_state(b.peft))
     b.engine.destroy()

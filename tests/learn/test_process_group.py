@@ -27,11 +27,12 @@ def test_a_learner_starts_after_something_else_destroyed_the_world_group(tmp_pat
 import torch
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
+from diprl.learn.site import LearnerSite
 
 adapters = {str(tmp_path / "adapters")!r}
-first = Learner(LearnerConfig(checkpoint_every=0), {str(tmp_path / "a")!r}, adapters)
+first = Learner(LearnerConfig(checkpoint_every=0), LearnerSite({str(tmp_path / "a")!r}, adapters))
 torch.distributed.destroy_process_group()  # what vLLM's shutdown does
-second = Learner(LearnerConfig(checkpoint_every=0, policy="other"), {str(tmp_path / "b")!r}, adapters)
+second = Learner(LearnerConfig(checkpoint_every=0, policy="other"), LearnerSite({str(tmp_path / "b")!r}, adapters))
 print("second", second.latest_version())
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

@@ -23,6 +23,7 @@ from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.model import lora_state, read_adapter_dir
 from diprl.learn.ranks import split_by_tokens
+from diprl.learn.site import LearnerSite
 from diprl.messages import TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
@@ -95,7 +96,7 @@ def batches() -> list[list[TrajectoryGroup]]:
 def reference(batches: list[list[TrajectoryGroup]], tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """One rank on the same batches: weights and figures after each step."""
     root = tmp_path_factory.mktemp("one-rank")
-    learner = Learner(CONFIG, root / "run", root / "adapters")
+    learner = Learner(CONFIG, LearnerSite(root / "run", root / "adapters"))
     out = []
     for batch in batches:
         report = learner.train_step([_on(g, learner.latest_version()) for g in batch])
@@ -116,7 +117,7 @@ def group(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     config = replace(CONFIG, ranks=2, zero_stage=request.param, zero3_persistence_threshold=0)
     with ray_session(address="local", num_cpus=3):
         queue = Queue(maxsize=16, actor_options={"name": QUEUE, "num_cpus": 0})
-        actor = learner_actor(config, root / "run", root / "adapters", queue=QUEUE)
+        actor = learner_actor(config, LearnerSite(root / "run", root / "adapters"), queue=QUEUE)
         ray.get(actor.pid_of.remote())
         yield actor, queue, root
 
@@ -239,7 +240,7 @@ def test_a_group_the_cluster_cannot_hold_is_refused_naming_what_it_lacks(group: 
 
     _, _, root = group
     config = replace(CONFIG, ranks=2, policy="wide")
-    actor = learner_actor(config, root / "wide", root / "wide-adapters", resources={"gpu_box": 0.5})
+    actor = learner_actor(config, LearnerSite(root / "wide", root / "wide-adapters"), resources={"gpu_box": 0.5})
     with pytest.raises(
         Exception, match=r"learner.ranks=2 for wide needs 2 bundles .*gpu_box: needs 1, the cluster has 0"
     ):

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.model import lora_state
+from diprl.learn.site import LearnerSite
 from diprl.learn.train_state import base_optimizer
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
@@ -39,7 +40,7 @@ def _moments(learner: Learner) -> list[torch.Tensor]:
 
 def test_rollback_publishes_the_best_versions_weights_exactly_once_and_survives_a_restart(tmp_path: Path) -> None:
     tokenizer: Any = load_tokenizer(resolve_model_path(load_preset("tiny")))
-    learner = Learner(CONFIG, tmp_path / "run", tmp_path / "adapters")
+    learner = Learner(CONFIG, LearnerSite(tmp_path / "run", tmp_path / "adapters"))
     alive = [learner]
     try:
         for seed in (1, 2):  # main@v2 (the "best"), then main@v3 (the "collapsed" one)
@@ -71,7 +72,7 @@ def test_rollback_publishes_the_best_versions_weights_exactly_once_and_survives_
         # A learner restarted from its checkpoint (the actor killed) remembers the decision it carried out.
         alive.remove(learner)
         learner.engine.destroy()
-        again = Learner(CONFIG, tmp_path / "run", tmp_path / "adapters")
+        again = Learner(CONFIG, LearnerSite(tmp_path / "run", tmp_path / "adapters"))
         alive.append(again)
         assert again.latest_version() == "main@v4"
         assert again.rollback("main@v2", decision) == "main@v4"

@@ -15,6 +15,7 @@ from diprl.inference.config import ServerConfig
 from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.model import lora_state
+from diprl.learn.site import LearnerSite
 from diprl.messages import TrainingRecord
 from diprl.policy.models import ModelSource, TinyModelSpec, TokenizerKind, load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
@@ -40,7 +41,9 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(
         monkeypatch.setattr("diprl.learn.learner.load_preset", lambda name: preset)
     model_path = resolve_model_path(preset)
     adapters = tmp_path / "adapters"
-    learner = Learner(LearnerConfig(lr=3e-2, max_grad_norm=0.0, checkpoint_every=0), tmp_path / "run", adapters)
+    learner = Learner(
+        LearnerConfig(lr=3e-2, max_grad_norm=0.0, checkpoint_every=0), LearnerSite(tmp_path / "run", adapters)
+    )
     assert learner.preset == preset
     tokenizer = load_tokenizer(model_path)
     for seed in range(2):  # move the LoRA well away from the base
