@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from diprl.bench.learner import add_batch_options
+
 
 def _zero_b_dir(version_dir: Path, out: Path) -> Path:
     """A copy of a version's PEFT files whose `lora_B` weights are zero: the adapter computes the base."""
@@ -209,12 +211,9 @@ async def _cut_off(engine: Any, name: str, probing: asyncio.Event) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench canary", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--steps", type=int, default=None, help="timed learner steps after one warm-up step (default: --canary-every)"
+    add_batch_options(
+        parser, None, "timed learner steps after one warm-up step (default: --canary-every)", groups=2, forks=4
     )
-    parser.add_argument("--groups", type=int, default=2, help="groups per learner step")
-    parser.add_argument("--forks", type=int, default=4, help="records per group")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--canary-every", type=int, default=None, help="versions between canaries (default: learner.canary_every)"
     )

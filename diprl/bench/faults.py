@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from diprl.bench.learner import add_batch_options
 from diprl.messages import TrainingRecord
 
 Spoil = Callable[[TrainingRecord, Any], TrainingRecord]
@@ -170,11 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench faults", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12, help="learner steps")
-    parser.add_argument("--groups", type=int, default=4, help="groups per step (one record of each is spoiled)")
-    parser.add_argument("--forks", type=int, default=4, help="records per group")
+    add_batch_options(parser, 12, "learner steps (one record of each group spoiled in each)", groups=4, forks=4)
     parser.add_argument("--keep-versions", type=int, default=3, help="learner.keep_versions for pruning")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     out = run(args)
     for key, value in out.items():

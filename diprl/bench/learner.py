@@ -55,6 +55,17 @@ BARE_ADAPTER = "bare"
 SPLITS = ("time_recompute_s", "time_fwd_bwd_s", "time_optimizer_s", "time_publish_s", "time_checkpoint_s")
 
 
+def add_batch_options(
+    parser: argparse.ArgumentParser, steps: int | None, steps_help: str, groups: int, forks: int
+) -> None:
+    """The options of the batches `make_groups` builds, one set for every learner bench (learner, canary,
+    faults): how many steps, groups per step and records per group, and the seed of the states and samples."""
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    parser.add_argument("--groups", type=int, default=groups, help="groups per learner step")
+    parser.add_argument("--forks", type=int, default=forks, help="records (completions) per group")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the mid-game states and the sampled completions")
+
+
 def make_groups(
     states: list[tuple[Any, str]], forks: int, versions: list[str], table: Any, tokenizer: Any, seed: int
 ) -> list[Any]:
@@ -372,9 +383,7 @@ def _split_line(r: dict[str, float], name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench learner", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--groups", type=int, default=4, help="groups per step")
-    parser.add_argument("--forks", type=int, default=8, help="completions per group")
-    parser.add_argument("--steps", type=int, default=4, help="timed rounds (after one warm-up round)")
+    add_batch_options(parser, 4, "timed rounds (after one warm-up round)", groups=4, forks=8)
     parser.add_argument("--lagged", type=float, default=0.0, help="fraction of groups from the previous version")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds the EMA reference pass")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192, help="tokens forwarded per micro-batch")
@@ -382,7 +391,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=1, help="> 1: compare 1 and this many learner ranks instead")
     parser.add_argument(
         "--adapters", type=int, default=1, help="> 1: this many policies on one learner host against as many learners"
