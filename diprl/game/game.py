@@ -223,32 +223,6 @@ class DiplomacyGame:
         return child
 
     @classmethod
-    def from_units(
-        cls,
-        units: Mapping[str, Sequence[str]],
-        centres: Mapping[str, Sequence[str]] | None = None,
-        phase: str = "S1901M",
-        max_year: int = DEFAULT_MAX_YEAR,
-    ) -> DiplomacyGame:
-        """A standard-map position with exactly these units (powers not named have none).
-
-        `centres=None` gives every power its home centres; otherwise powers not named own none.
-        A unit the engine does not accept (a typo) is a `ValueError`, not a silently missing unit.
-        """
-        probe = Game()
-        owned = {p: probe.map.homes[p] for p in probe.powers} if centres is None else centres
-        state = {
-            "name": phase,
-            "units": {p: list(units.get(p, ())) for p in probe.powers},
-            "centers": {p: list(owned.get(p, ())) for p in probe.powers},
-        }
-        game = cls.from_state(state, max_year=max_year)
-        wrong = [p for p in game.powers if game.units(p) != tuple(sorted(units.get(p, ())))]
-        if game.engine.error or wrong or game.phase != phase:
-            raise ValueError(f"position not accepted by the engine: {game.engine.error or wrong or game.phase}")
-        return game
-
-    @classmethod
     def from_state(
         cls, state: Mapping[str, Any], *, max_year: int = DEFAULT_MAX_YEAR, map_name: str = "standard"
     ) -> DiplomacyGame:

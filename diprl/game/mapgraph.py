@@ -26,9 +26,6 @@ class MapGraph:
     province_nodes: dict[str, tuple[int, ...]]
     province_type: dict[str, str]
 
-    def node_of_unit(self, unit: str) -> int:
-        return self.node_index[unit]
-
     def reachable_provinces(self, unit: str) -> frozenset[str]:
         """Provinces a unit could move into (its own excluded)."""
         return _reachable(self.name, unit)

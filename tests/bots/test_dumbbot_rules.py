@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from diprl.bots.dumbbot import DumbBot, Evaluation
-from diprl.game import DiplomacyGame
+from tests.game.positions import position
 
 
 # -------------------------------------------------------- the choosing rule's signed difference
@@ -36,7 +36,7 @@ def test_removal_is_not_always_the_lowest_value_unit() -> None:
     rule would always disband A WAR). Walking upward, A WAR goes half the time, A MOS and A FIN a
     quarter each.
     """
-    game = DiplomacyGame.from_units(
+    game = position(
         {"RUSSIA": ["A MOS", "A WAR", "A FIN"], "GERMANY": ["A SIL"]},
         {"RUSSIA": ["MOS", "WAR"], "GERMANY": ["BER", "KIE", "MUN"]},
         phase="W1901A",
@@ -59,7 +59,7 @@ def test_removal_is_not_always_the_lowest_value_unit() -> None:
 def test_a_fleet_bordering_two_coasts_counts_twice() -> None:
     # England's F MAO borders SPA/NC and SPA/SC, Turkey's F CON borders BUL/EC and BUL/SC: two each.
     # France's A SPA counts one for its own province and A GAS one for bordering SPA.
-    game = DiplomacyGame.from_units({"FRANCE": ["A SPA", "A GAS"], "ENGLAND": ["F MAO"], "TURKEY": ["F CON"]})
+    game = position({"FRANCE": ["A SPA", "A GAS"], "ENGLAND": ["F MAO"], "TURKEY": ["F CON"]})
     france = Evaluation(game, "FRANCE")
     assert france.strength["SPA"] == 2
     assert france.strength["GAS"] == 2  # A GAS in it, A SPA next to it
@@ -78,6 +78,6 @@ def test_two_coast_threat_makes_dumbbot_support_its_hold() -> None:
     F MAO borders both coasts of SPA, so competition there is 2 and a holding A GAS supports A SPA
     (support-hold needs competition > 1). Counting the fleet once (competition 1) never does.
     """
-    game = DiplomacyGame.from_units({"FRANCE": ["A SPA", "A GAS"], "ENGLAND": ["F MAO"]})
+    game = position({"FRANCE": ["A SPA", "A GAS"], "ENGLAND": ["F MAO"]})
     plays = Counter(tuple(DumbBot(seed).orders(game, "FRANCE")) for seed in range(100))
     assert plays[("A GAS S A SPA", "A SPA H")] > 20

@@ -6,6 +6,7 @@ import pytest
 
 from diprl.eval.behaviour import BehaviourCounts, BehaviourTracker, merge
 from diprl.game import DiplomacyGame
+from tests.game.positions import position
 
 
 def track(game: DiplomacyGame, hero: str, *phases: dict[str, list[str]], critical: bool = True) -> BehaviourCounts:
@@ -16,7 +17,7 @@ def track(game: DiplomacyGame, hero: str, *phases: dict[str, list[str]], critica
 
 
 def paris_marseilles_vs_munich() -> DiplomacyGame:
-    return DiplomacyGame.from_units({"FRANCE": ["A PAR", "A MAR"], "GERMANY": ["A MUN"]})
+    return position({"FRANCE": ["A PAR", "A MAR"], "GERMANY": ["A MUN"]})
 
 
 def test_a_support_that_decides_a_bounce_is_critical() -> None:
@@ -54,7 +55,7 @@ def test_a_support_for_a_move_not_made_is_void() -> None:
 
 
 def test_the_order_kind_mix_counts_each_kind_of_the_heros_movement_orders() -> None:
-    game = DiplomacyGame.from_units({"FRANCE": ["A PAR", "A MAR", "A BUR", "F ENG"], "GERMANY": ["A MUN"]})
+    game = position({"FRANCE": ["A PAR", "A MAR", "A BUR", "F ENG"], "GERMANY": ["A MUN"]})
     orders = ["A MAR H", "A PAR S A BUR - PIC", "A BUR - PIC", "F ENG H"]
     counts = track(game, "FRANCE", {"FRANCE": orders, "GERMANY": ["A MUN H"]}, critical=False)
     assert (counts.holds, counts.moves, counts.supports, counts.convoys) == (2, 1, 1, 0)
@@ -63,7 +64,7 @@ def test_the_order_kind_mix_counts_each_kind_of_the_heros_movement_orders() -> N
 
 
 def burgundy() -> DiplomacyGame:
-    return DiplomacyGame.from_units({"FRANCE": ["A BUR", "A PAR"], "GERMANY": ["A MUN", "A RUH"]})
+    return position({"FRANCE": ["A BUR", "A PAR"], "GERMANY": ["A MUN", "A RUH"]})
 
 
 SPRING_HELP = {"FRANCE": ["A BUR H", "A PAR H"], "GERMANY": ["A MUN S A BUR", "A RUH H"]}
@@ -100,7 +101,7 @@ def test_attacking_a_supporters_empty_home_centre_counts() -> None:
 
 def test_centres_gained_per_year() -> None:
     # France (3 home centres) takes BEL and HOL in 1901 and the game stops after 1901: +2 in one year.
-    game = DiplomacyGame.from_units({"FRANCE": ["A BUR", "A PIC"]}, max_year=1901)
+    game = position({"FRANCE": ["A BUR", "A PIC"]}, max_year=1901)
     tracker = BehaviourTracker("FRANCE", len(game.centres("FRANCE")))
     tracker.observe(game.step({"FRANCE": ["A BUR - BEL", "A PIC H"]}))
     tracker.observe(game.step({"FRANCE": ["A BEL - HOL", "A PIC - BEL"]}))
@@ -113,7 +114,7 @@ def test_centres_gained_per_year() -> None:
 
 def test_waived_builds_are_counted_against_build_slots() -> None:
     # France takes BEL and HOL in 1901: 5 centres, 2 units, three empty home centres to build on.
-    game = DiplomacyGame.from_units({"FRANCE": ["A BUR", "A PIC"], "GERMANY": ["A MUN"]})
+    game = position({"FRANCE": ["A BUR", "A PIC"], "GERMANY": ["A MUN"]})
     tracker = BehaviourTracker("FRANCE", len(game.centres("FRANCE")))
     tracker.observe(game.step({"FRANCE": ["A BUR - BEL", "A PIC H"], "GERMANY": ["A MUN H"]}))
     tracker.observe(game.step({"FRANCE": ["A BEL - HOL", "A PIC - BEL"], "GERMANY": ["A MUN H"]}))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from diplomacy import Game
+
 from diprl.game import DEFAULT_MAX_YEAR, DiplomacyGame
 
 POWERS = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
@@ -26,8 +28,23 @@ def position(
     phase: str = "S1901M",
     max_year: int = DEFAULT_MAX_YEAR,
 ) -> DiplomacyGame:
-    """A standard-map game with exactly these units (see `DiplomacyGame.from_units`)."""
-    return DiplomacyGame.from_units(units, centres, phase, max_year)
+    """A standard-map game with exactly these units (powers not named have none).
+
+    `centres=None` gives every power its home centres; otherwise powers not named own none.
+    A unit the engine does not accept (a typo) is a `ValueError`, not a silently missing unit.
+    """
+    probe = Game()
+    owned = {p: probe.map.homes[p] for p in probe.powers} if centres is None else centres
+    state = {
+        "name": phase,
+        "units": {p: list(units.get(p, ())) for p in probe.powers},
+        "centers": {p: list(owned.get(p, ())) for p in probe.powers},
+    }
+    game = DiplomacyGame.from_state(state, max_year=max_year)
+    wrong = [p for p in game.powers if game.units(p) != tuple(sorted(units.get(p, ())))]
+    if game.engine.error or wrong or game.phase != phase:
+        raise ValueError(f"position not accepted by the engine: {game.engine.error or wrong or game.phase}")
+    return game
 
 
 def without_timestamp(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ def test_nodes() -> None:
     assert len(g.provinces) == 76  # the 75 playable provinces and impassable Switzerland
     assert (g.province_type["SWI"], g.province_nodes["SWI"]) == ("SHUT", ())
     assert g.home_centres["RUSSIA"] == HOMES["RUSSIA"]
-    assert g.node_province[g.node_of_unit("F STP/NC")] == "STP"
+    assert g.node_province[g.node_index["F STP/NC"]] == "STP"
     assert {g.nodes[i] for i in g.province_nodes["SPA"]} == {"A SPA", "F SPA/NC", "F SPA/SC"}
 
 

@@ -344,8 +344,8 @@ def test_second_order_at_a_site_is_a_duplicate_even_with_one_build_due() -> None
     ]
 
 
-def test_from_units_rejects_a_unit_the_engine_does_not_accept() -> None:
+def test_a_position_with_a_unit_the_engine_does_not_accept_is_refused() -> None:
     with pytest.raises(ValueError, match="not accepted"):
-        DiplomacyGame.from_units({"FRANCE": ["F PAR"]})  # a fleet inland
-    game = DiplomacyGame.from_units({"FRANCE": ["A PAR"]})
+        position({"FRANCE": ["F PAR"]})  # a fleet inland
+    game = position({"FRANCE": ["A PAR"]})
     assert game.units("FRANCE") == ("A PAR",) and game.centres("FRANCE") == ("BRE", "MAR", "PAR")

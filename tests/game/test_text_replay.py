@@ -11,7 +11,7 @@ from diprl.game import DiplomacyGame, IssueKind
 from diprl.game.board_text import board_text, last_phase_text, phase_title
 from diprl.game.replay import render_svg, to_saved_game
 
-from .positions import POWERS, burgundy_retreat
+from .positions import POWERS, burgundy_retreat, position
 
 
 # ---------------------------------------------------------------- board text
@@ -121,7 +121,7 @@ def test_render_svg() -> None:
 # ------------------------------------------- what the engine decides on its own is in the record
 def _winter_with_civil_disorder_and_a_waive() -> DiplomacyGame:
     """W1901A: Russia (4 units, 2 centres) orders no disband; Germany (3 centres, 1 unit) waives one build."""
-    game = DiplomacyGame.from_units(
+    game = position(
         {"RUSSIA": ["A MOS", "A WAR", "F SEV", "F STP/SC"], "GERMANY": ["A MUN"]},
         {"RUSSIA": ["MOS", "WAR"], "GERMANY": ["BER", "KIE", "MUN"]},
         phase="W1901A",

@@ -34,9 +34,7 @@ from diprl.rollout.rewards import (
     tied_rank_bonus,
     trajectory_return,
 )
-
-position = DiplomacyGame.from_units
-
+from tests.game.positions import position
 
 # Distinct weights, so a label mixed up with another shows as a wrong number.
 DISTINCT = RewardConfig(

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from diprl.game import DiplomacyGame, PhaseKind
+from diprl.game import PhaseKind
 from diprl.web.app import WebConfig, create_app
 from diprl.web.clients import RunServerClients
 from diprl.web.play import PlayError, PlaySession, check_orders
+from tests.game.positions import position
 from tests.web.conftest import POWERS, RUN, FakePolicyClients, RunTree
 
 LOCAL = "http://127.0.0.1:8080"
@@ -123,7 +124,7 @@ def test_bad_orders_and_a_stale_phase_change_nothing(http: TestClient) -> None:
 
 
 def test_builds_and_disbands_take_only_what_the_phase_allows() -> None:
-    builds = DiplomacyGame.from_units({"FRANCE": ["A BUR"]}, phase="W1901A").legal_orders("FRANCE")
+    builds = position({"FRANCE": ["A BUR"]}, phase="W1901A").legal_orders("FRANCE")
     assert builds.kind is PhaseKind.BUILD and builds.n_required == 2
     sites = {loc: orders[0] for loc, orders in builds.by_loc.items()}
     assert check_orders(builds, {loc: "" for loc in sites}) == []  # all waived
@@ -131,7 +132,7 @@ def test_builds_and_disbands_take_only_what_the_phase_allows() -> None:
     assert check_orders(builds, two) == sorted(two.values())
     with pytest.raises(PlayError, match="allows 2 build"):
         check_orders(builds, sites)
-    disbands = DiplomacyGame.from_units(
+    disbands = position(
         {"FRANCE": ["A PAR", "A MAR", "F BRE"]}, centres={"FRANCE": ["PAR"]}, phase="W1901A"
     ).legal_orders("FRANCE")
     assert disbands.kind is PhaseKind.DISBAND and disbands.n_required == 2
