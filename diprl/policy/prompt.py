@@ -14,10 +14,7 @@ reasons, closes `</think>`, and then writes `<orders>` itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import fmean
-from typing import Any, Protocol
 
 from diprl.game.board_text import board_text, last_phase_text
 from diprl.game.game import DiplomacyGame
@@ -53,12 +50,6 @@ class NothingToOrderError(ValueError):
     """Raised when a prompt is asked for a power that has nothing to order this phase."""
 
 
-class TextEncoder(Protocol):
-    """The one tokenizer method counting needs; a Hugging Face tokenizer satisfies it."""
-
-    def encode(self, text: str) -> Sequence[int]: ...
-
-
 @dataclass(frozen=True)
 class PromptOptions:
     """What goes into a prompt. `unit_hints` adds each unit's number of legal orders, which tells
@@ -75,7 +66,8 @@ DEFAULT_PROMPT_OPTIONS = PromptOptions()
 
 @dataclass(frozen=True)
 class Prompt:
-    """A full chat-formatted prompt and its sections (kept so their lengths can be reported)."""
+    """A full chat-formatted prompt and its sections: `chat_prefix(rules, board)` is the part every power and
+    fork of a phase share (what the prefix cache reuses)."""
 
     text: str
     rules: str
@@ -83,11 +75,6 @@ class Prompt:
     power_part: str
     power: str
     phase: str
-
-    @property
-    def shared_prefix(self) -> str:
-        """The part identical for every power and fork of this phase (what the prefix cache shares)."""
-        return chat_prefix(self.rules, self.board)
 
 
 def chat_prefix(rules: str, board: str) -> str:
@@ -173,37 +160,3 @@ def build_prompt(game: DiplomacyGame, power: str, options: PromptOptions = DEFAU
     power_part = power_section(legal, options.unit_hints)
     text = f"{chat_prefix(RULES, board)}{power_part}{IM_END}\n{assistant_opening(options.thinking)}"
     return Prompt(text=text, rules=RULES, board=board, power_part=power_part, power=legal.power, phase=legal.phase)
-
-
-def count_tokens(tokenizer: TextEncoder, text: str) -> int:
-    return len(tokenizer.encode(text))
-
-
-SECTIONS = ("rules", "board", "power_part", "total")
-
-
-def prompt_token_report(prompts: Sequence[Prompt], tokenizer: TextEncoder) -> dict[str, Any]:
-    """Token counts per section (min/mean/max over `prompts`) and the number of prompts.
-
-    `total` is the whole chat text, so it also counts the chat markup around the sections. Equal
-    strings are encoded once: the rules and the board repeat across powers.
-    """
-    if not prompts:
-        raise ValueError("prompt_token_report needs at least one prompt")
-    cache: dict[str, int] = {}
-
-    def count(text: str) -> int:
-        if text not in cache:
-            cache[text] = count_tokens(tokenizer, text)
-        return cache[text]
-
-    counts: dict[str, list[int]] = {name: [] for name in SECTIONS}
-    for prompt in prompts:
-        counts["rules"].append(count(prompt.rules))
-        counts["board"].append(count(prompt.board))
-        counts["power_part"].append(count(prompt.power_part))
-        counts["total"].append(count(prompt.text))
-    report: dict[str, Any] = {"n": len(prompts)}
-    for name, values in counts.items():
-        report[name] = {"min": min(values), "mean": fmean(values), "max": max(values)}
-    return report

@@ -20,7 +20,7 @@ from diprl.policy.prompt import (
     Prompt,
     PromptOptions,
     build_prompt,
-    prompt_token_report,
+    chat_prefix,
 )
 from diprl.policy.tokenizer import load_tokenizer
 
@@ -29,25 +29,10 @@ from .states import random_step
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class WhitespaceTokenizer:
-    """Stand-in tokenizer: one id per whitespace-separated word."""
-
-    def encode(self, text: str) -> list[int]:
-        return [len(word) for word in text.split()]
-
-
 @lru_cache(maxsize=1)
 def real_tokenizer() -> Any:
     """The Qwen tokenizer from `diprl.policy.tokenizer` (built offline, cached)."""
     return load_tokenizer()
-
-
-@pytest.fixture(params=["whitespace", "qwen"])
-def tokenizer(request: pytest.FixtureRequest) -> Any:
-    """Every token test runs on a stand-in and on the real Qwen vocabulary."""
-    if request.param == "whitespace":
-        return WhitespaceTokenizer()
-    return real_tokenizer()
 
 
 @lru_cache(maxsize=1)
@@ -107,7 +92,7 @@ def test_opening_prompt_layout() -> None:
     assert prompt.power == "FRANCE" and prompt.phase == "S1901M"
     assert prompt.power_part.startswith("You are FRANCE.\nMovement: give exactly one order for each of your 3 units.")
     assert prompt.power_part.endswith("Write exactly 3 orders, one per line, between <orders> and </orders>.")
-    assert prompt.shared_prefix == expected_prefix(DiplomacyGame())
+    assert chat_prefix(prompt.rules, prompt.board) == expected_prefix(DiplomacyGame())
     assert prompt.text.count("<|im_start|>") == 3 and prompt.text.count("<|im_end|>") == 2
 
 
@@ -243,7 +228,7 @@ def test_thinking_opens_a_think_block_instead_of_priming_orders() -> None:
     assert "</think>" not in prompt.text
     plain = build_prompt(DiplomacyGame(), "FRANCE")
     assert plain.text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n<orders>\n")
-    assert prompt.shared_prefix == plain.shared_prefix
+    assert (prompt.rules, prompt.board) == (plain.rules, plain.board)  # the same shared prefix
 
 
 def test_without_unit_hints_units_are_listed_without_counts() -> None:
@@ -303,21 +288,6 @@ def test_text_does_not_depend_on_the_hash_seed() -> None:
 
 
 # ---------------------------------------------------------------------------------------- tokens
-def test_token_report(tokenizer: Any) -> None:
-    prompts = list(all_prompts(DiplomacyGame()).values())
-    game, _ = game_at(PhaseKind.MOVEMENT)
-    prompts += all_prompts(game).values()
-    report = prompt_token_report(prompts, tokenizer)
-    assert report["n"] == len(prompts)
-    assert report["rules"]["min"] == report["rules"]["max"]
-    for section in ("rules", "board", "power_part", "total"):
-        stats = report[section]
-        assert 0 < stats["min"] <= stats["mean"] <= stats["max"]
-    assert report["total"]["min"] > report["rules"]["max"] + report["board"]["min"]
-    with pytest.raises(ValueError):
-        prompt_token_report([], tokenizer)
-
-
 def test_qwen_prefix_tokens_are_shared_and_prompts_fit_the_budget() -> None:
     """Prefix caching works on token ids: the shared text must tokenize to a prefix of every prompt."""
     tokenizer = real_tokenizer()
@@ -326,7 +296,7 @@ def test_qwen_prefix_tokens_are_shared_and_prompts_fit_the_budget() -> None:
     for kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT, PhaseKind.BUILD):
         game, _ = game_at(kind)
         for prompt in all_prompts(game).values():
-            prefix_ids = tokenizer.encode(prompt.shared_prefix)
+            prefix_ids = tokenizer.encode(chat_prefix(prompt.rules, prompt.board))
             ids = tokenizer.encode(prompt.text)
             assert ids[: len(prefix_ids)] == prefix_ids
             assert len(ids) <= budget, f"{prompt.power} at {prompt.phase}: {len(ids)} tokens, over {budget}"
