@@ -4,8 +4,8 @@ Only the positions that predict completion tokens reach the LM head, a chunk at 
 the logits of the tokens the constraint allows are kept: with Qwen's 152k-wide vocabulary the full
 logits of every prompt position would cost more memory than the whole tiny model, while the masked
 distribution (everything else is -inf) is fully described by the allowed entries. The result equals
-`diprl.policy.logprobs.constrained_logprobs` (the dense reference, tested) and vLLM's processed
-logprobs (tested against a running engine).
+the dense masked, tempered log-softmax over the whole vocabulary (`tests/dense_logprobs.py`, tested) and
+vLLM's processed logprobs (tested against a running engine).
 """
 
 from __future__ import annotations

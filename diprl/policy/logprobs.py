@@ -1,9 +1,9 @@
-"""Log-probabilities of a completion under the order mask and a temperature, as vLLM sampled them.
+"""The order mask applied to a trainer's logits: masks, the transformers logits processor, constrained greedy.
 
 The learner's importance ratio compares its own log-probabilities with the behaviour ones that vLLM
 returned in `processed_logprobs` mode: logits masked by the constraint (everything else -inf), then
-divided by the temperature, then log-softmax. This function is that computation for a trainer's
-logits, so both sides compute the same thing.
+divided by the temperature, then log-softmax. The learner computes that with these masks
+(`diprl.learn.model.completion_logprobs`), so both sides compute the same thing.
 """
 
 from __future__ import annotations
@@ -42,24 +42,6 @@ def mask_rows_(logits: torch.Tensor, rows: Sequence[int], allowed: Sequence[np.n
     logits.index_fill_(0, row_index, float("-inf"))
     logits[row_of_col, cols] = kept
     return logits
-
-
-def constrained_logprobs(
-    logits: torch.Tensor, allowed: Sequence[np.ndarray] | None, tokens: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """Log-probability of each `tokens[t]` under softmax(mask(logits[t]) / temperature).
-
-    `logits` is [T, V] (the positions that predicted each completion token), `allowed` the constraint's
-    allowed ids before each token (`OrderConstraint.masks_for`), or None for free decoding.
-    """
-    if temperature <= 0:
-        raise ValueError("temperature must be positive: greedy decoding has no log-probabilities to train on")
-    logits = logits.float()
-    if allowed is not None:
-        mask = allowed_mask(allowed, logits.shape[-1], logits.device)
-        logits = logits.masked_fill(~mask, float("-inf"))
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
 
 class ConstraintLogitsProcessor:

@@ -20,13 +20,13 @@ from diprl.inference.adapters import AdapterStore
 from diprl.inference.config import ServerConfig
 from diprl.messages import Generation
 from diprl.policy.constraint import OrderConstraint
-from diprl.policy.logprobs import constrained_logprobs
 from diprl.policy.models import create_tiny_model, load_preset, logits_width, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
 from diprl.ports import free_port
 from diprl.raysession import connect
+from tests.dense_logprobs import constrained_logprobs
 
 from .lora_fixtures import make_lora_dir
 

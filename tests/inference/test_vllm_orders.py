@@ -19,11 +19,11 @@ from diprl.bots import make_agent
 from diprl.game import DiplomacyGame, PhaseKind
 from diprl.inference.engine import EngineConfig, OrderRequest, generate_orders, make_llm
 from diprl.policy.constraint import OrderConstraint
-from diprl.policy.logprobs import constrained_logprobs
 from diprl.policy.models import TinyModelSpec, TokenizerKind, build_tiny_model, load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
+from tests.dense_logprobs import constrained_logprobs
 
 
 def decision_states(n: int, seed: int = 0) -> list[OrderRequest]:

@@ -13,10 +13,10 @@ from diprl.game import DiplomacyGame
 from diprl.learn.batching import collate, collate_shared, pack_by_tokens, prepare_record
 from diprl.learn.model import completion_logprobs
 from diprl.messages import GenerationRequest, TrainingRecord
-from diprl.policy.logprobs import constrained_logprobs
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import TokenTable, token_table
 from diprl.rollout.clients import UniformConstrainedClient
+from tests.dense_logprobs import constrained_logprobs
 
 
 @pytest.fixture(scope="module")
