@@ -164,15 +164,6 @@ def token_advantages(
     ]
 
 
-@dataclass(frozen=True)
-class GroupCredit:
-    """Advantages of one trained group: per completion, per token; plus what the learner logs."""
-
-    token_advantages: list[list[float]]
-    group_advantages: list[float]
-    std: float
-
-
 class CreditAssigner:
     """Turns a group's returns and per-order rewards into per-token advantages; counts flat groups.
 
@@ -185,35 +176,10 @@ class CreditAssigner:
         self.groups_seen = 0
         self.groups_skipped = 0
 
-    def assign(
-        self,
-        returns: Sequence[float],
-        token_orders: Sequence[Sequence[str | None]],
-        order_rewards: Sequence[Mapping[str, float]],
-    ) -> GroupCredit | None:
-        """Advantages for the G completions of one group, or None when the group is skipped.
-
-        `token_orders[i]` is `order_token_spans(...)` of completion i and `order_rewards[i]` its
-        orders' own rewards; all three sequences are indexed by completion.
-        """
-        if not len(returns) == len(token_orders) == len(order_rewards):
-            raise ValueError(
-                f"a group needs one return, token-order list and order-reward map per completion; got "
-                f"{len(returns)}, {len(token_orders)} and {len(order_rewards)}"
-            )
-        advantages, std = self.group_advantages(returns)
-        if advantages is None:
-            return None
-        per_token = [
-            token_advantages(a, orders, rewards, self.cfg.order_coef)
-            for a, orders, rewards in zip(advantages, token_orders, order_rewards, strict=True)
-        ]
-        return GroupCredit(token_advantages=per_token, group_advantages=advantages, std=std)
-
     def group_advantages(self, returns: Sequence[float]) -> tuple[list[float] | None, float]:
         """`group_advantages` under this config, counting the group and whether it was skipped.
 
-        For callers that build records one completion at a time (then `token_advantages` below).
+        Then each completion's `token_advantages` below: the episode builds its records one at a time.
         """
         self.groups_seen += 1
         advantages, std = group_advantages(returns, self.cfg.eps, self.cfg.normalise, self.cfg.std_floor)

@@ -195,23 +195,22 @@ def test_orders_without_a_reward_count_as_zero() -> None:
 # ------------------------------------------------------------------------------- credit assigner
 def test_credit_assigner_trains_varied_groups_and_counts_flat_ones() -> None:
     assigner = CreditAssigner(CreditConfig(order_coef=0.2))
+    assert assigner.stats()["credit/skipped_fraction"] == 0.0
+    advantages, std = assigner.group_advantages([1.0, 2.0, 3.0])
+    assert std == pytest.approx(math.sqrt(2 / 3))
+    a = 1 / math.sqrt(2 / 3)  # 1.2247
+    assert advantages is not None and advantages == pytest.approx([-a, 0.0, a])
     token_orders: list[list[str | None]] = [["a", None], ["b", "b"], [None]]
     rewards = [{"a": -1.0}, {"b": 1.0}, {}]
-    credit = assigner.assign([1.0, 2.0, 3.0], token_orders, rewards)
-    assert credit is not None
-    assert credit.std == pytest.approx(math.sqrt(2 / 3))
-    a = 1 / math.sqrt(2 / 3)  # 1.2247
-    assert credit.group_advantages == pytest.approx([-a, 0.0, a])
-    assert credit.token_advantages == [
-        pytest.approx([-a - 0.2, -a]),
-        pytest.approx([0.2, 0.2]),
-        pytest.approx([a]),
+    per_token = [
+        token_advantages(g, o, r, order_coef=0.2) for g, o, r in zip(advantages, token_orders, rewards, strict=True)
     ]
-    assert assigner.assign([5.0, 5.0, 5.0], token_orders, rewards) is None
+    assert per_token == [pytest.approx([-a - 0.2, -a]), pytest.approx([0.2, 0.2]), pytest.approx([a])]
+    assert assigner.group_advantages([5.0, 5.0, 5.0])[0] is None
     assert assigner.stats() == {"credit/groups": 2.0, "credit/groups_skipped": 1.0, "credit/skipped_fraction": 0.5}
 
 
-def test_credit_assigner_one_completion_at_a_time_matches_the_whole_group() -> None:
+def test_credit_assigner_scores_a_completion_from_its_ids() -> None:
     pieces = ["A PAR - BUR\n", "A MAR S A PAR - BUR\n", "F BRE H\n", "</orders>"]
     ids, table = _synthetic(pieces)
     rewards = {"A MAR S A PAR - BUR": -1.0}
@@ -219,18 +218,11 @@ def test_credit_assigner_one_completion_at_a_time_matches_the_whole_group() -> N
     advantages, std = assigner.group_advantages([0.0, 1.0])  # population std 0.5 -> [-1, +1]
     assert (advantages, std) == ([-1.0, 1.0], 0.5)
     assert assigner.token_advantages(1.0, ids, table.texts, ORDERS, rewards) == pytest.approx([1.0, 0.8, 1.0, 1.0, 1.0])
+    assert assigner.token_advantages(-1.0, ids, table.texts, ORDERS, rewards) == pytest.approx(
+        [-1.0, -1.2, -1.0, -1.0, -1.0]
+    )
     assert assigner.group_advantages([2.0, 2.0])[0] is None
     assert assigner.stats()["credit/groups_skipped"] == 1.0
-    whole = CreditAssigner(CreditConfig(order_coef=0.2)).assign(
-        [0.0, 1.0], [order_token_spans(ids, table.texts, ORDERS)] * 2, [rewards, {}]
-    )
-    assert whole is not None and whole.token_advantages[0] == pytest.approx([-1.0, -1.2, -1.0, -1.0, -1.0])
-
-
-def test_credit_assigner_rejects_mismatched_groups() -> None:
-    with pytest.raises(ValueError, match="per completion"):
-        CreditAssigner().assign([1.0, 2.0], [[None]], [{}, {}])
-    assert CreditAssigner().stats()["credit/skipped_fraction"] == 0.0
 
 
 def test_credit_config_is_checked() -> None:
