@@ -118,10 +118,6 @@ class LockstepStats:
     phases: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {"inference": 0.0, "engine": 0.0, "bots": 0.0})
 
-    @property
-    def mean_batch(self) -> float:
-        return self.requests / self.calls if self.calls else 0.0
-
 
 def play_phase(
     tables: Sequence[Table], client: PolicyClient | None, stats: LockstepStats | None = None

@@ -14,8 +14,7 @@
   one, so a restarted ledger still knows them), and waits while a queue is full: backpressure instead
   of unbounded memory. Once the run stops consuming, `close()` makes waiting deliveries return
   refused (nothing half-delivered) instead of blocking their workers forever.
-- `play_matches` plays matches in this process (tests, benchmarks, no Ray); `RolloutRunner` drives a
-  few workers from a script (benchmarks, tests).
+- `RolloutRunner` drives a few workers from a script (benchmarks, tests).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from diprl.atomic_io import write_file_atomic
 from diprl.game.seating import game_seed, rotated_seats
 from diprl.messages import Match, MatchReport, TrajectoryGroup, group_seat
 from diprl.rollout.episode import Episode, EpisodeConfig, EpisodeOutput
-from diprl.rollout.lockstep import IterSource, Job, LockstepStats, PolicyClient, QueueSource, drive
+from diprl.rollout.lockstep import Job, LockstepStats, QueueSource, drive
 
 CLOSE_POLL_S = 1.0  # how often a delivery waiting on a full queue checks whether the ledger was closed
 
@@ -90,26 +89,6 @@ def make_episode(config: WorkerConfig) -> Episode:
 
         store = load_or_build(StartStateRecipe(max_year=config.episode.max_year))
     return Episode(config.episode, Rubric(reward), CreditAssigner(reward.credit), table, store, config.start_states)
-
-
-def play_matches(
-    episode: Episode, matches: Sequence[Match], client: PolicyClient | None, matches_in_flight: int = 8
-) -> tuple[list[EpisodeOutput], LockstepStats]:
-    """Play `matches` in this process, `matches_in_flight` at a time in lockstep; outputs in match order."""
-    jobs: dict[int, int] = {}  # id(job) -> match index
-    outputs: dict[int, EpisodeOutput] = {}
-
-    def source() -> Iterator[Job]:
-        for i, match in enumerate(matches):
-            job = episode.play(match)
-            jobs[id(job)] = i
-            yield job
-
-    def done(job: Job, out: EpisodeOutput) -> None:
-        outputs[jobs[id(job)]] = out
-
-    stats = drive(IterSource(source()), client, matches_in_flight, done)
-    return [outputs[i] for i in range(len(matches))], stats
 
 
 def _queue(queue: Queue | str) -> Queue:
@@ -384,10 +363,3 @@ class RolloutRunner:
                     f.write(json.dumps(result.to_dict()) + "\n")
             reports.append(report)
         return reports
-
-    def drain(self, timeout_s: float = 1.0) -> list[TrajectoryGroup]:
-        """Everything currently in the queue (what the learner would consume)."""
-        items = []
-        while not self.queue.empty():
-            items.append(self.queue.get(timeout=timeout_s))
-        return items

@@ -20,7 +20,7 @@ from diprl.rollout.credit import CreditAssigner, CreditConfig
 from diprl.rollout.episode import Episode, EpisodeConfig, EpisodeOutput
 from diprl.rollout.rewards import Rubric, load_reward_config
 from diprl.rollout.start_states import StartStateRecipe, load_or_build
-from diprl.rollout.worker import play_matches
+from tests.rollout.play import play_matches
 
 POWERS = ["AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY"]
 

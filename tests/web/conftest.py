@@ -117,7 +117,7 @@ def _trace(run_dir: Path) -> str:
     from diprl.rollout.credit import CreditAssigner
     from diprl.rollout.episode import Episode, EpisodeConfig
     from diprl.rollout.rewards import Rubric, load_reward_config
-    from diprl.rollout.worker import play_matches
+    from tests.rollout.play import play_matches
 
     config = EpisodeConfig(group_size=2, warmup_max_phases=0, horizon_years=1, max_year=1902, trace_fraction=1.0)
     # Prompt ids make the hero's completions trainable, as the server's are (any ids do: nothing trains).
