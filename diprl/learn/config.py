@@ -8,9 +8,6 @@ range with a message naming the field, so a bad YAML or override fails before a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-from diprl.structured_config import load_structured
 
 
 @dataclass
@@ -171,8 +168,3 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(group="learner", name="base_learner", node=LearnerConfig)
-
-
-def load_learner_config(name: str = "default", conf_dir: Path | None = None) -> LearnerConfig:
-    """Read `conf/learner/<name>.yaml` into a validated `LearnerConfig` (typos and wrong types fail)."""
-    return load_structured(LearnerConfig, "learner", name, conf_dir)

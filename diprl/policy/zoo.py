@@ -27,8 +27,6 @@ from diprl.policy.models import CONF_DIR, load_preset
 ZOO_ROOT = CONF_DIR.parent / "zoo"
 MANIFEST = "manifest.json"
 INDEX = "zoo.json"
-MAX_ZOO_BYTES = 10 * 1024 * 1024
-"""The whole zoo stays under 10 MB: it lives in git, and every clone carries it."""
 _FILE_RE = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 
 
@@ -150,12 +148,6 @@ def fingerprints(root: Path, paths: list[Path]) -> dict[str, str]:
             if file.is_file() and not file.name.startswith("."):
                 out[file.relative_to(root).as_posix()] = sha256_file(file)
     return out
-
-
-def zoo_size(root: Path | None = None) -> int:
-    """Bytes of every file under the zoo."""
-    root = root if root is not None else ZOO_ROOT
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def _index(root: Path) -> dict[str, Any]:

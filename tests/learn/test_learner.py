@@ -355,9 +355,9 @@ def test_config_ranges_are_validated() -> None:
 
 
 def test_default_yaml_matches_the_dataclass() -> None:
-    from diprl.learn.config import load_learner_config
+    from diprl.structured_config import load_structured
 
-    assert load_learner_config("default") == LearnerConfig()
+    assert load_structured(LearnerConfig, "learner", "default") == LearnerConfig()
     assert load_preset("tiny").lora.rank == 8
 
 

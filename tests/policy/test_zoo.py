@@ -12,14 +12,15 @@ from diprl.messages import PolicyRef, RefKind, UnknownPolicyRef
 from diprl.policy import zoo
 from diprl.policy.models import CONF_DIR
 from diprl.policy.zoo import (
-    MAX_ZOO_BYTES,
     ZooError,
     add_entry,
     known_entries,
     load_entry,
     warm_start_dir,
-    zoo_size,
 )
+
+MAX_ZOO_BYTES = 10 * 1024 * 1024
+"""The whole zoo stays under 10 MB: it lives in git, and every clone carries it."""
 
 
 def test_zoo_refs_parse_and_print_back() -> None:
@@ -41,7 +42,7 @@ def test_every_shipped_entry_matches_its_manifest_and_the_zoo_stays_small() -> N
         assert entry.files
     best = load_entry("zoo:best")
     assert best.name in names and best.figures
-    assert zoo_size() < MAX_ZOO_BYTES
+    assert sum(p.stat().st_size for p in zoo.ZOO_ROOT.rglob("*") if p.is_file()) < MAX_ZOO_BYTES
 
 
 @pytest.fixture
