@@ -132,6 +132,7 @@ async def serve(
     from vllm.lora.request import LoRARequest
 
     from diprl.inference.canary import CANARY_FILE
+    from diprl.inference.engine_adapters import EngineAdapters
     from diprl.inference.policy_engine import PolicyEngine
 
     skipped_as = store.resolve(clean[-2])
@@ -141,12 +142,7 @@ async def serve(
     killed = store.publish("main", _peft_files(last.path, tmp / "killed"), base_model=config.model, canary=canary)
     probing = asyncio.Event()
 
-    class SkipsAReload(PolicyEngine):
-        async def _check_canary(self, version: Any, lora: Any) -> None:
-            if version.name == str(killed):
-                probing.set()  # the probe of the version whose load is cut off has started
-            await super()._check_canary(version, lora)
-
+    class SkipsAReloadAdapters(EngineAdapters):
         def _verified_copy(self, name: str) -> Any:
             version, path = super()._verified_copy(name)
             if name == faults["reload_skipped"]:  # the old copy for the new name
@@ -154,16 +150,24 @@ async def serve(
                 return version, self.private.acquire(skipped_as)
             return version, path
 
+    class SkipsAReload(PolicyEngine):
+        adapters_class = SkipsAReloadAdapters
+
+        async def _check_canary(self, version: Any, lora: Any) -> None:
+            if version.name == str(killed):
+                probing.set()  # the probe of the version whose load is cut off has started
+            await super()._check_canary(version, lora)
+
     engine = SkipsAReload(config)
     out: dict[str, Any] = {"alarms": {}, "probe_s": []}
     try:
         for name in [*clean, *faults.values(), *bytes_only]:
-            before = engine.canary_seconds
+            before = engine.canaries.seconds
             result = (await engine.generate([{"policy": name, "prompt": "A PAR", "max_tokens": 1}]))[0]
             out["alarms"][name] = result.error is not None and result.error.startswith("CanaryMismatch")
-            out["probe_s"].append(engine.canary_seconds - before)
+            out["probe_s"].append(engine.canaries.seconds - before)
         out["killed"] = await _cut_off(engine, str(killed), probing)
-        out["stats"] = engine.canary_stats()
+        out["stats"] = engine.canaries.stats()
         # prefix_reuse: one name and path, first with the previous weights (their canary prompts cached), then
         # re-registered with the last weights; the canary is the last weights'.
         last, previous = store.resolve(clean[-1]), store.resolve(clean[-2])
@@ -178,10 +182,10 @@ async def serve(
             shutil.copyfile(last.path / name, shared / name)
         again = LoRARequest("reused@v1", 10_002, str(shared))
         await engine.engine.add_lora(again)
-        failures = engine.canary_failures
+        failures = engine.canaries.failures
         with contextlib.suppress(Exception):
             await engine._check_canary(last, again)
-        out["prefix_reuse_seen"] = engine.canary_failures > failures
+        out["prefix_reuse_seen"] = engine.canaries.failures > failures
     finally:
         engine.shutdown()
     return out
@@ -197,14 +201,14 @@ async def _cut_off(engine: Any, name: str, probing: asyncio.Event) -> dict[str, 
     first.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await first
-    left_loaded = name in engine._loras  # loaded without a finished probe
-    checks = engine.canary_checks
+    left_loaded = name in engine.adapters.loaded()  # loaded without a finished probe
+    checks = engine.canaries.checks
     again = (await engine.generate(request))[0]
     return {
         "version": name,
         "cut_off": cut_off,
         "left_loaded": left_loaded,
-        "reproved": engine.canary_checks == checks + 1 and again.error is None,
+        "reproved": engine.canaries.checks == checks + 1 and again.error is None,
         "error": again.error,
     }
 

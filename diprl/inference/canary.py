@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from diprl.game.legal import PowerOrders
@@ -63,7 +63,7 @@ TOLERANCE = 1e-4
 the tiny float32 model with rank-8 LoRAs (docs/inference.md, "Canaries"): the learner's canary and CPU
 vLLM's differ by at most 2e-7; other weights change the greedy tokens themselves. 1e-4 is the bound the
 learner/engine parity test holds on both vocabularies. bf16 GPU engines are not measured: a replica can
-set `PolicyEngine.canary_tolerance` for them."""
+set its `ReplicaCanaries.tolerance` for them."""
 _MAX_BYTES = 1 << 21
 _MAX_ITEMS = 64
 _MAX_TOKENS = 1 << 14
@@ -245,3 +245,47 @@ def check_canary(name: str, check: CanaryCheck, tolerance: float = TOLERANCE) ->
             f"{name}: the engine's canary completions differ from the published weights' ({check.detail}; "
             f"tolerance {tolerance:g}): it does not serve the version that was trained; refused"
         )
+
+
+@dataclass
+class ReplicaCanaries:
+    """What one replica's canaries found: how many versions were checked and how many refused, the seconds
+    the probes took, each checked version's error, and why each refused version is refused (the answer to
+    every request for it, for the replica's life)."""
+
+    tolerance: float = TOLERANCE
+    checks: int = 0
+    failures: int = 0
+    seconds: float = 0.0
+    errors: dict[str, float] = field(default_factory=dict)  # per version checked: its error (inf: tokens differ)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def judge(
+        self, name: str, canary: Canary, tokens: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]]
+    ) -> str:
+        """Compare what the engine served for version `name` with its canary; refuse the version
+        (`CanaryMismatch`) unless it matches within `tolerance`, else say how close it came."""
+        check = compare_canary(canary, tokens, logprobs)
+        self.checks += 1
+        self.errors[name] = check.error
+        try:
+            check_canary(name, check, self.tolerance)
+        except CanaryMismatch as exc:
+            self.refuse(name, str(exc), check.error)
+            raise
+        return check.detail
+
+    def refuse(self, name: str, why: str, error: float) -> None:
+        self.failures += 1
+        self.errors[name] = error
+        self.refused[name] = why
+
+    def stats(self) -> dict[str, Any]:
+        """Canary metrics of this replica: checks, failures, probe seconds, each checked version's error."""
+        return {
+            "canary_checks": self.checks,
+            "canary_failures": self.failures,
+            "canary_seconds": self.seconds,
+            "canary_errors": dict(self.errors),
+            "canary_refused": sorted(self.refused),
+        }

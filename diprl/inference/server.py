@@ -72,16 +72,16 @@ class PolicyServer:
         return asdict(self.engine.limits)
 
     async def status(self) -> dict[str, Any]:
-        """Loaded adapters, counters, canaries (`PolicyEngine.canary_stats`: checks, failures, probe seconds,
+        """Loaded adapters, counters, canaries (`ReplicaCanaries.stats`: checks, failures, probe seconds,
         each checked version's error, the refused versions), and this replica's identity (actor, engine-core
         processes)."""
         import ray
 
         context = ray.get_runtime_context()
         return {
-            "loaded": self.engine.loaded(),
-            "loads": self.engine.loads,
-            "unloads": self.engine.unloads,
+            "loaded": self.engine.adapters.loaded(),
+            "loads": self.engine.adapters.loads,
+            "unloads": self.engine.adapters.unloads,
             "replica": context.get_actor_name(),
             "actor_id": context.get_actor_id(),
             "failed_requests": self.engine.failed_requests,
@@ -89,7 +89,7 @@ class PolicyServer:
             "busy_s": self.engine.occupancy.busy_s,
             "dead": self.engine.dead,
             "engine_pids": _child_pids(),
-            **self.engine.canary_stats(),
+            **self.engine.canaries.stats(),
         }
 
     async def check_health(self) -> None:

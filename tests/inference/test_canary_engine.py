@@ -28,6 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """Two rounds of requests answered by one engine over a store holding an honest version, a stale
     one and one without a canary, and the engine's canary metrics."""
+    from diprl.inference.engine_adapters import EngineAdapters
     from diprl.inference.policy_engine import PolicyEngine
 
     root = tmp_path_factory.mktemp("canary-engine")
@@ -53,7 +54,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[An
         max_num_seqs=8,
     )
 
-    class SkipsAReload(PolicyEngine):
+    class SkipsAReload(EngineAdapters):
         """Hands vLLM q@v1's copy for r@v1, as a replica that never reloaded would serve old weights."""
 
         def _verified_copy(self, name: str) -> Any:
@@ -63,12 +64,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[An
             self.private.release(version.fingerprint)
             return version, self.private.acquire(store.resolve("q@v1"))
 
+    class SkipsAReloadEngine(PolicyEngine):
+        adapters_class = SkipsAReload
+
     async def work(engine: Any) -> tuple[list[Any], list[Any], dict[str, Any]]:
         first = await engine.generate(requests)
         again = await engine.generate(requests[1:2])
-        return first, again, {**engine.canary_stats(), "loaded": engine.loaded()}
+        return first, again, {**engine.canaries.stats(), "loaded": engine.adapters.loaded()}
 
-    result: tuple[list[Any], list[Any], dict[str, Any]] = run_engine(config, work, SkipsAReload)
+    result: tuple[list[Any], list[Any], dict[str, Any]] = run_engine(config, work, SkipsAReloadEngine)
     return result
 
 

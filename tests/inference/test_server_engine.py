@@ -206,8 +206,8 @@ def test_concurrent_first_requests_for_one_adapter_load_it_once(make_engine: Any
 
     results = asyncio.run(scenario())
     assert [r.error for r in results] == [None] * 3
-    assert fake.events.count("load a@v1") == 1 and engine.loads == 1
-    assert len(engine._loading) == 0  # no lock kept for a name once no one waits on it
+    assert fake.events.count("load a@v1") == 1 and engine.adapters.loads == 1
+    assert len(engine.adapters._loading) == 0  # no lock kept for a name once no one waits on it
 
 
 # ---- pins and the private copy -----------------------------------------------------------------
@@ -295,9 +295,9 @@ def test_private_copies_go_with_their_adapter_and_with_the_engine(make_engine: A
         assert (await engine.generate_one(request("b@v1"))).error is None
 
     asyncio.run(scenario())
-    assert engine.loaded() == ["b@v1"] and engine.unloads == 1
+    assert engine.adapters.loaded() == ["b@v1"] and engine.adapters.unloads == 1
     assert not Path(fake.paths["a@v1"]).exists() and Path(fake.paths["b@v1"]).is_dir()
-    root = engine.private.root
+    root = engine.adapters.private.root
     engine.shutdown()
     assert not root.exists()
 
