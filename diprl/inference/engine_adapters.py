@@ -71,7 +71,6 @@ class EngineAdapters:
         self.config = config
         self.engine = engine
         self.model_path = model_path
-        self.store = store
         self.canaries = canaries
         self.prove = prove
         self.on_engine_failure = on_engine_failure
