@@ -28,6 +28,7 @@ from diprl.policy.models import build_model
 from diprl.run.actors import ray_options, run_pin_key, server_config, start_actors, web_app
 from diprl.run.config import CONF_DIR, Config, ConfigError, compose_config
 from diprl.run.driver import Driver, Stop, stop_on_signals
+from diprl.run.frozen import publish_frozen
 from diprl.run.provenance import write_provenance
 from diprl.run.rundir import json_safe, load_counters, prepare_run_dir, run_namespace
 from diprl.run.shared_dir import check_shared_run_dir
@@ -55,6 +56,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         check_shared_run_dir(run_dir)  # on several nodes, every node must read and write it: refused now, not later
         write_provenance(run_dir)
         pin_key = run_pin_key(run_dir)  # this machine's, handed to every actor that publishes or checks versions
+        publish_frozen(config.train.frozen_adapters, run_dir / "adapters")  # before anything may serve them
         print(f"run directory: {run_dir}", flush=True)
         if hint := info.dashboard_hint():
             print(hint, flush=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diprl.league.health import HealthConfig
+from diprl.messages import PolicyRef
 from diprl.structured_config import load_structured
 
 SEAT_MODES = ("one", "each")
@@ -120,6 +121,11 @@ class LeagueConfig:
 
         for ref in self.anchors:
             validate_anchor(ref)
+            if PolicyRef.parse(ref).policy in self.roles:
+                raise ValueError(
+                    f"league.anchors: {ref!r} is a version of a trained role; a frozen anchor is another policy's "
+                    "(a role's own snapshots join the pool by themselves)"
+                )
         if len(set(self.anchors)) != len(self.anchors):
             raise ValueError(f"league.anchors has duplicates: {list(self.anchors)}")
         if self.seats not in SEAT_MODES:

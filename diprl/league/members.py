@@ -22,15 +22,17 @@ SNAPSHOT = "snapshot"
 
 
 def validate_anchor(ref: str) -> str:
-    """An anchor is a rule bot (`bot:<name>` of a registered bot) or `base`; anything else is an error."""
+    """An anchor is a rule bot (`bot:<name>` of a registered bot), `base`, or a frozen adapter version
+    `<policy>@v<N>` (another run's policy brought into this run's store, `train.frozen_adapters`: what an
+    exploiter trained against a fixed main plays); anything else is an error."""
     parsed = PolicyRef.parse(ref)
     if parsed.is_bot:
         from diprl.bots import BOT_NAMES
 
         if parsed.name not in BOT_NAMES:
             raise UnknownPolicyRef(f"unknown bot {ref!r} as a league anchor; known bots: {', '.join(BOT_NAMES)}")
-    elif not parsed.is_base:
-        raise UnknownPolicyRef(f"a league anchor must be 'base' or 'bot:<name>', got {ref!r}")
+    elif not (parsed.is_base or parsed.is_adapter):
+        raise UnknownPolicyRef(f"a league anchor must be 'base', 'bot:<name>' or '<policy>@v<N>', got {ref!r}")
     return ref
 
 

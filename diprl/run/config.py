@@ -93,6 +93,10 @@ class TrainConfig:
     # taken `chaos_after_step` steps. E.g. [rollout-0, league, learner-main, policy-server].
     chaos: list[str] = field(default_factory=list)
     chaos_after_step: int = 1
+    # Opponents from elsewhere: policy name -> a PEFT adapter directory (e.g. another run's adapters/main/v37),
+    # published into this run's store as <name>@v1 before anything starts; league.anchors may name them
+    # (diprl.run.frozen). Never trained.
+    frozen_adapters: dict[str, str] = field(default_factory=dict)
 
 
 # Resources a role already asks for through its own fields (cpus, gpus): Ray refuses them in `resources`.
@@ -240,6 +244,7 @@ def typed_config(cfg: Any) -> Config:
 def check(config: Config) -> None:
     """Cross-section consistency; every problem is named in one `ConfigError`."""
     from diprl.rollout.rewards import load_reward_config
+    from diprl.run.frozen import frozen_problems
 
     t, r = config.train, config.rollout
     problems = []
@@ -277,6 +282,7 @@ def check(config: Config) -> None:
         problems.append(str(exc))
     if r.train_turns not in (None, "fork", "all"):
         problems.append(f"rollout.train_turns must be fork or all, got {r.train_turns!r}")
+    problems.extend(frozen_problems(t.frozen_adapters, list(config.league.roles), list(config.league.anchors)))
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
 
