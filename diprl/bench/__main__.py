@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "experience": "diprl.bench.experience",
     "strength": "diprl.bench.strength",
     "canary": "diprl.bench.canary",
+    "league-value": "diprl.bench.league_value",
 }
 
 
