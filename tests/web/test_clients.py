@@ -120,10 +120,12 @@ def test_a_failed_start_is_reported_once_and_the_next_request_starts_it_again(
     """N7: each waiting request used to retry a failed start in turn, holding the lock. Now one start runs at
     a time, its failure is told to the next caller, and the call after that starts the server again."""
     servers.failures = 1
+    servers.gate.clear()  # the first start is held until both prepares ran: it fails only after them
     clients = LocalPolicyClients(tmp_path / "empty")
     try:
         clients.prepare(None)
         clients.prepare(None)  # already starting: not a second start
+        servers.gate.set()
         messages = []
         for _ in range(600):
             try:
