@@ -12,7 +12,6 @@ handed no key refuses what the driver pinned, as every replica on another node d
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import stat
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from diprl.inference.adapters.pins import PinKey
 from diprl.inference.config import ServerConfig
 from diprl.learn.site import LearnerSite
 from tests.inference.lora_fixtures import make_lora_dir
+from tests.test_multinode import _private_home
 
 KEY_A, KEY_B, KEY_C = (PinKey((digit * 64).encode()) for digit in "abc")
 
@@ -166,29 +166,14 @@ def _add_node(cluster: Any, **args: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _home(path: Path) -> Iterator[None]:
-    old = os.environ.get("HOME")
-    os.environ["HOME"] = str(path)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("HOME", None)
-        else:
-            os.environ["HOME"] = old
-
-
-@contextlib.contextmanager
 def _two_nodes(head_key: Path, worker_key: Path) -> Iterator[Any]:
     """A head and a worker node on this machine, each told its key file is one that does not exist; only the
     worker declares `keyless_node`, so what asks for it runs there."""
     from ray.cluster_utils import Cluster
 
-    from diprl.raysession import private_home
-
     cluster = Cluster()
     try:
-        with _home(private_home()):  # the head's processes find its `{}` bootstrap file (as in test_multinode)
+        with _private_home():  # the head's processes find its `{}` bootstrap file
             common = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
             _add_node(cluster, **common, num_cpus=1, env_vars={pins.KEY_ENV: str(head_key)})
             worker_env = {pins.KEY_ENV: str(worker_key)}
