@@ -140,6 +140,7 @@ def student_examples(
     tokenizer: Any,
     table: Any,
     max_prompt_tokens: int,
+    completion_order: str = "moves_first",
 ) -> tuple[list[TeacherExample], list[TeacherExample]]:
     """(training, held-out) examples of the labelled decisions: game `i` renumbered `GAME_BASE + i`, held out
     when `i % heldout_every == 0`, each training one `repeats` times as states of their own."""
@@ -151,7 +152,9 @@ def student_examples(
     for played, decisions in games:
         split = "heldout" if config.heldout_every and played.index % config.heldout_every == 0 else "train"
         for decision in decisions:
-            example = tokenize(decision, split, teacher, config.student, tokenizer, table, max_prompt_tokens)
+            example = tokenize(
+                decision, split, teacher, config.student, tokenizer, table, max_prompt_tokens, completion_order
+            )
             if example is None:
                 continue
             if split == "heldout":
@@ -187,7 +190,8 @@ def run(config: DaggerConfig, cache: Path | None = None, conf_dir: Path | None =
     play_s = time.perf_counter() - start
     tokenizer = load_tokenizer(body)
     table = token_table(tokenizer, init.tiny.vocab_size)
-    train, heldout = student_examples(games, config, tokenizer, table, config.pretrain.data.max_prompt_tokens)
+    data = config.pretrain.data
+    train, heldout = student_examples(games, config, tokenizer, table, data.max_prompt_tokens, data.completion_order)
     centres = [played.hero_centres for played, _ in games]
     report = pretrain(config.pretrain, cache, conf_dir, extra_train=train, extra_heldout=heldout)
     report = {

@@ -26,6 +26,7 @@ from typing import Any
 
 from diprl.imitation.strata import strata_counts, stratified_sample
 from diprl.imitation.teacher import (
+    COMPLETION_ORDERS,
     PHASE_CLASSES,
     TeacherError,
     TeacherExample,
@@ -62,6 +63,8 @@ class TeacherConfig:
         default_factory=lambda: {"movement": 0.5, "retreat": 0.2, "adjustment": 0.3}
     )
     max_prompt_tokens: int = 1536
+    # The fixed order the teacher's lines are written in (`diprl.imitation.teacher.COMPLETION_ORDERS`).
+    completion_order: str = "moves_first"
     shard_size: int = 4096  # examples per shard file
     workers: int = 0  # processes playing the games; 0: one per CPU core
 
@@ -85,6 +88,8 @@ class TeacherConfig:
             problems.append(f"class_weights needs non-negative weights over {PHASE_CLASSES}, got {self.class_weights}")
         if self.max_prompt_tokens < 1:
             problems.append(f"max_prompt_tokens must be positive, got {self.max_prompt_tokens}")
+        if self.completion_order not in COMPLETION_ORDERS:
+            problems.append(f"completion_order must be one of {COMPLETION_ORDERS}, got {self.completion_order!r}")
         if self.shard_size < 1:
             problems.append(f"shard_size must be positive, got {self.shard_size}")
         if self.workers < 0:
@@ -145,7 +150,9 @@ def game_examples(index: int, split: str, config: TeacherConfig, tokenizer: Any,
     opponent = game_opponent(bot, [teacher_bot(o) for o in config.opponents], index)
     out = GameExamples([], [], 0)
     for decision in play_teacher_game(bot, opponent, index, config.seed, config.max_year):
-        example = tokenize(decision, split, bot, opponent, tokenizer, table, config.max_prompt_tokens)
+        example = tokenize(
+            decision, split, bot, opponent, tokenizer, table, config.max_prompt_tokens, config.completion_order
+        )
         if example is None:
             out.too_long += 1
             continue

@@ -25,7 +25,7 @@ from typing import Any
 from diprl.bots import BOT_NAMES, make_agent
 from diprl.bots.base import Agent, seat_seed
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, validate_orders
-from diprl.game.orders import WAIVE
+from diprl.game.orders import CONVOY, HOLD, SUPPORT, WAIVE, parse_order
 from diprl.messages import PolicyRef, TrainingRecord, UnknownPolicyRef
 from diprl.policy.constraint import CLOSE_TAG, ConstraintViolation, OrderConstraint
 from diprl.policy.prompt import build_prompt
@@ -140,15 +140,32 @@ class TeacherExample:
 # ------------------------------------------------------------------------------ completions
 
 
-def ordered_lines(legal: PowerOrders, orders: Sequence[str]) -> list[str]:
-    """The teacher's orders in the fixed completion order: by province as `legal.locs` lists them
-    (sorted), WAIVEs last. Raises for orders the teacher should never give."""
+# The fixed orders a teacher's lines are written in (`TeacherConfig.completion_order`). "moves_first": moves,
+# retreats and builds, then convoys, holds and supports last, each by province: a support is written after the
+# move it backs, as DumbBot decides them (moves first, then idle units support), so the student conditions its
+# supports on the moves it wrote instead of guessing them. "province": by province only, whatever the kind.
+COMPLETION_ORDERS = ("moves_first", "province")
+_WRITTEN_LAST = {CONVOY: 1, HOLD: 2, SUPPORT: 3}
+
+
+def ordered_lines(legal: PowerOrders, orders: Sequence[str], completion_order: str = "moves_first") -> list[str]:
+    """The teacher's orders in the fixed completion order (`COMPLETION_ORDERS`), WAIVEs last. Raises for
+    orders the teacher should never give."""
+    if completion_order not in COMPLETION_ORDERS:
+        raise TeacherError(f"unknown completion_order {completion_order!r}; one of {COMPLETION_ORDERS}")
     accepted, issues = validate_orders(legal, list(orders))
     if issues:
         detail = "; ".join(f"{i.kind.value} {i.order!r}: {i.detail}" for i in issues)
         raise TeacherError(f"teacher orders for {legal.power} in {legal.phase} are not a legal set: {detail}")
     rank = {loc: i for i, loc in enumerate(legal.locs)}
-    return sorted(accepted, key=lambda o: (o == WAIVE, rank.get(legal.loc_of.get(o, ""), len(rank))))
+
+    def key(order: str) -> tuple[bool, int, int]:
+        if order == WAIVE:
+            return (True, 0, 0)
+        kind = _WRITTEN_LAST.get(parse_order(order).kind, 0) if completion_order == "moves_first" else 0
+        return (False, kind, rank.get(legal.loc_of.get(order, ""), len(rank)))
+
+    return sorted(accepted, key=key)
 
 
 def completion_text(lines: Sequence[str]) -> str:
@@ -269,13 +286,14 @@ def tokenize(
     tokenizer: Any,
     table: TokenTable,
     max_prompt_tokens: int,
+    completion_order: str = "moves_first",
 ) -> TeacherExample | None:
     """The decision as an example: prompt and teacher completion tokenized (None if the prompt is too long)."""
     # Same call the PolicyServer makes on the prompt text (no BOS for Qwen; chat markup parsed as specials).
     prompt_ids = [int(i) for i in tokenizer.encode(decision.prompt)]
     if len(prompt_ids) > max_prompt_tokens:
         return None
-    lines = ordered_lines(decision.legal, decision.orders)
+    lines = ordered_lines(decision.legal, decision.orders, completion_order)
     return TeacherExample(
         game=decision.game,
         game_seed=decision.game_seed,

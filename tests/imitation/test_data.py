@@ -126,3 +126,5 @@ def test_bad_teacher_settings_are_clear_errors() -> None:
         TeacherConfig(workers=-1)
     with pytest.raises(TeacherError, match="class_weights"):
         TeacherConfig(class_weights={"movement": 1.0, "builds": 1.0})
+    with pytest.raises(TeacherError, match="completion_order must be one of"):
+        TeacherConfig(completion_order="alphabetical")

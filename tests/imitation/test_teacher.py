@@ -50,18 +50,23 @@ def test_completions_pass_the_constraint_for_every_phase_kind(tok: tuple[Any, To
     assert set(seen) == {PhaseKind.MOVEMENT, PhaseKind.RETREAT, PhaseKind.BUILD, PhaseKind.DISBAND}
 
 
-def test_order_lines_follow_the_provinces_with_waives_last() -> None:
+def test_order_lines_put_moves_first_and_supports_last_by_province_with_waives_last() -> None:
     legal = PowerOrders(
         "FRANCE", "W1901A", PhaseKind.BUILD, {"BRE": ("A BRE B", "F BRE B"), "PAR": ("A PAR B",)}, n_required=2
     )
     assert ordered_lines(legal, ["WAIVE", "A PAR B"]) == ["A PAR B", "WAIVE"]
-    game = DiplomacyGame()
-    france = game.legal_orders("FRANCE")
-    assert ordered_lines(france, ["A PAR - BUR", "F BRE - MAO", "A MAR H"]) == [
+    france = DiplomacyGame().legal_orders("FRANCE")
+    orders = ["A PAR S A MAR - BUR", "F BRE H", "A MAR - BUR"]
+    # Moves first: the support is written after the move it backs, then holds before supports.
+    assert ordered_lines(france, orders) == ["A MAR - BUR", "F BRE H", "A PAR S A MAR - BUR"]
+    assert ordered_lines(france, orders, "province") == ["F BRE H", "A MAR - BUR", "A PAR S A MAR - BUR"]
+    assert ordered_lines(france, ["A PAR - BUR", "F BRE - MAO", "A MAR H"], "province") == [
         "F BRE - MAO",
         "A MAR H",
         "A PAR - BUR",
     ]
+    with pytest.raises(TeacherError, match="unknown completion_order 'random'"):
+        ordered_lines(france, orders, "random")
 
 
 def test_bad_teacher_orders_and_foreign_tokens_raise(tok: tuple[Any, TokenTable]) -> None:
