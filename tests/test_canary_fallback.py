@@ -204,3 +204,39 @@ def test_the_driver_proves_what_passed_before_it_hands_over_a_refusal(
     assert league.proven == ["main@v2"] and league.serving("main") == "main@v2"
     [fault] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "fault"]
     assert fault["canary_refused"] == "main@v12" and fault["serving"] == "main@v2"
+
+
+def test_a_refusal_a_match_reports_first_reads_the_proofs_since_the_last_health_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """main@v2 passed its canary after the driver last read the server's status; main@v3 is refused by a
+    match. The proofs are read before the refusal reaches the league, so main@v2 stands in, not main@v1."""
+    from types import SimpleNamespace
+
+    from diprl.run.driver import Driver
+
+    use_stand_in_ray(monkeypatch)
+    league = _versions(tmp_path, 3)
+    league.prove_version("main@v1")
+    journal = Journal(tmp_path, Tracker(tmp_path, {}, use_wandb=False), RunStats())
+    status = {"canary_errors": {"main@v2": 1.2e-7}, "canary_refused": []}
+    driver: Any = SimpleNamespace(journal=journal, canaries_logged=set())
+    reads: list[int] = []
+
+    def read_proofs() -> None:
+        reads.append(1)
+        Driver._log_canaries(driver, status)
+
+    worker = Worker()
+    driver.matches = MatchScheduler(
+        Actor(league), [worker], 2, ["main"], 0, journal, Counters(), read_proofs=read_proofs
+    )
+    for _ in range(2):  # both matches in flight play main@v3 and come back refused: one read, one fault
+        matches = driver.matches
+        matches.fill()
+        matches.handle(matches.refs()[0])
+    journal.tracker.close()
+    assert reads == [1]
+    assert league.proven == ["main@v1", "main@v2"] and league.serving("main") == "main@v2"
+    [fault] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "fault"]
+    assert fault["canary_refused"] == "main@v3" and fault["serving"] == "main@v2"

@@ -9,14 +9,16 @@ accepted. Ray itself retries a call a worker's death interrupted, on the restart
 
 A match whose requests a replica refused by the version's canary (`CanaryMismatch`: the engine does not
 serve the weights that were trained) is a `fault`: the league is told (`refuse_version`) and hands out the
-role's last verified version from then on, and the match's results are not reported (a seat that held
-all game would skew the payoff). Its failed turns are not trained (workers drop them), so it does not
-count towards the every-request-failed stop either.
+role's last verified version from then on (what a replica proved since the driver last looked is read
+first, `read_proofs`: the stand-in is the newest proven version, not the newest the last health step saw),
+and the match's results are not reported (a seat that held all game would skew the payoff). Its failed
+turns are not trained (workers drop them), so it does not count towards the every-request-failed stop either.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,10 @@ class MatchScheduler:
     retries: int
     journal: Journal
     counters: Counters
+    # Reads the canaries a replica checked since the last read and proves those that passed (the driver's
+    # `_log_canaries`), called before a refusal a match reports is handed to the league. None: proofs arrive
+    # only when the driver reads them.
+    read_proofs: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.playing: dict[Any, _Playing] = {}
@@ -103,6 +109,8 @@ class MatchScheduler:
         version = refused_version(report.counts.first_error)
         if version is None:
             return False
+        if version not in self.refused and self.read_proofs is not None:
+            self.read_proofs()
         self.refuse(version, str(report.counts.first_error))
         return True
 
