@@ -246,7 +246,6 @@ def main(argv: list[str] | None = None) -> int:
             model=trained["model"],
             dtype="float32",
             adapter_root=str(tmp / "adapters"),
-            adapter_cache=str(tmp / "cache"),
             max_num_seqs=8,
             loaded_adapters=2,
         )

@@ -113,7 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = ServerConfig(
         model="tiny",
         adapter_root=str(root / "adapters"),
-        adapter_cache=str(root / "cache"),
         replica_cpus=float(threads),
         log_level="INFO" if args.verbose else "WARNING",
     )

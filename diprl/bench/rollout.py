@@ -124,7 +124,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             server = ServerConfig(
                 model="tiny",
                 adapter_root=str(run_dir / "adapters"),
-                adapter_cache=str(run_dir / "c"),
                 log_level="INFO" if args.verbose else "WARNING",
             )
             with serving(server), progress_bar(3, "tiny model: starting the PolicyServer", enabled, "stage") as bar:

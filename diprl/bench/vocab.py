@@ -100,7 +100,6 @@ def _measure(path: Path, dtype: str, requests: list[GenerationRequest], batches:
         dtype=dtype,
         max_num_seqs=max(batches),
         adapter_root=str(root / "adapters"),
-        adapter_cache=str(root / "cache"),
     )
 
     async def run() -> dict[int, Rate]:

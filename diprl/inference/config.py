@@ -63,9 +63,8 @@ class ServerConfig:
     """One PolicyServer deployment: its replicas, the vLLM engine in each, and where adapters come from.
 
     `model` is a preset name (`tiny`, `qwen3_8b`, ...) or a local checkpoint path. `adapter_root` is
-    the AdapterStore directory (shared between learner and replicas on one machine or a shared
-    filesystem); `adapter_cache` is each replica's local copy when adapters travel through Ray's
-    object store instead.
+    the AdapterStore directory the learners publish to and the replicas read: one machine's, or on a
+    cluster the run directory every node mounts (`docs/cluster.md`).
     """
 
     model: str = "tiny"
@@ -78,10 +77,6 @@ class ServerConfig:
     max_cpu_loras: int = 8  # adapters kept loaded by the engine
     loaded_adapters: int = 8  # this server's LRU of versions; older ones are unloaded
     adapter_root: str = "runs/adapters"
-    adapter_cache: str = ".cache/adapter_cache"
-    # Name of an AdapterRegistry actor: versions missing from adapter_root are fetched from Ray's
-    # object store through it (clusters without a shared filesystem). None: the directory only.
-    adapter_registry: str | None = None
     seed: int = 0
     engine_extra: dict[str, Any] = field(default_factory=dict)
     # Ray Serve
@@ -177,7 +172,7 @@ class ServerConfig:
             ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
             low = 0.0 if name == "replica_gpus" else 1e-3
             need(ok and value >= low, f"{name} must be a finite number >= {low}, got {value!r}")
-        for name in ("adapter_root", "adapter_cache", "name"):
+        for name in ("adapter_root", "name"):
             value = getattr(self, name)
             need(isinstance(value, str) and bool(value.strip()), f"{name} must be a non-empty string, got {value!r}")
         need(

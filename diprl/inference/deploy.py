@@ -203,7 +203,6 @@ def serve_policy(
         model=model_path,
         dtype=dtype,
         adapter_root=str(Path(config.adapter_root).resolve()),
-        adapter_cache=str(Path(config.adapter_cache).resolve()),
     )
     served = _served_adapter_root(config.name)
     if served is not None and served != config.adapter_root:

@@ -1,7 +1,7 @@
 """The adapters one vLLM engine holds: trained versions loaded on first use, and shipped zoo entries.
 
-Versions are loaded on first use from the AdapterStore (shared directory) or the local copy of one
-that travelled through Ray's object store, kept in an LRU and unloaded when it overflows. Adapter files
+Versions are loaded on first use from the run's AdapterStore (its directory: one machine, or the run
+directory every node mounts), kept in an LRU and unloaded when it overflows. Adapter files
 are re-hashed on every load, checked against the fingerprint pinned when the version was published
 and against the served base model (name and weight shapes), and vLLM is given the replica's private
 copy of exactly the verified bytes (it re-reads the path after its own cache evicts an adapter).
@@ -25,7 +25,6 @@ from diprl.inference.adapters import (
     AdapterError,
     AdapterStore,
     AdapterVersion,
-    LocalAdapterCache,
     check_compatible,
     model_ref,
 )
@@ -74,12 +73,7 @@ class EngineAdapters:
         self.canaries = canaries
         self.prove = prove
         self.on_engine_failure = on_engine_failure
-        fetch = None
-        if config.adapter_registry:
-            from diprl.inference.registry import registry_fetch
-
-            fetch = registry_fetch(config.adapter_registry)
-        self.cache = LocalAdapterCache(Path(config.adapter_cache), fetch=fetch, store=store)
+        self.store = store
         self.private = PrivateCopies()  # what vLLM reads: never the store's own files
         self._loras: OrderedDict[str, LoadedAdapter] = OrderedDict()
         self._in_use: Counter[str] = Counter()
@@ -92,9 +86,18 @@ class EngineAdapters:
     def _verified_copy(self, name: str) -> tuple[AdapterVersion, Path]:
         """The version re-hashed and checked against its pin now, then against this server's rank
         limit and base model, and the private copy of exactly those bytes that vLLM will read."""
-        version = self.cache.get(name)
+        version = self._resolve(name)
         check_compatible(version, max_rank=self.config.max_lora_rank, base_model=self.model_path)
         return version, self.private.acquire(version)
+
+    def _resolve(self, name: str) -> AdapterVersion:
+        """The store's verified version; raises `AdapterError` (never anything that kills a replica)."""
+        try:
+            return self.store.resolve(name)
+        except AdapterError:
+            raise
+        except (OSError, RecursionError, MemoryError) as err:
+            raise AdapterError(f"cannot read adapter {name}: {type(err).__name__}: {err}") from err
 
     async def acquire(self, policy: str) -> Any:
         """The LoRARequest for `policy` (None for base), loaded if needed; marks it in use.
@@ -190,7 +193,7 @@ class EngineAdapters:
         except BaseException as exc:  # the thread runs on: whatever copy it makes must not be kept forever
             copying.add_done_callback(self._release_abandoned_copy)
             if isinstance(exc, TimeoutError):
-                raise AdapterError(f"{name}: fetching and verifying it took more than {timeout:g} s") from None
+                raise AdapterError(f"{name}: verifying and copying it took more than {timeout:g} s") from None
             raise
         lora = LoRARequest(name, self._next_lora_id, str(path))
         self._next_lora_id += 1

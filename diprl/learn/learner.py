@@ -72,7 +72,7 @@ class Learner:
     """The learner of one trained policy. Plain class; `diprl.learn.actor.learner_actor` makes it a Ray actor.
 
     On construction it resumes from its newest good checkpoint or publishes its first version (see
-    `diprl.learn.lifecycle`). `site`: its run directory, adapter store, registry and pin key (installed for
+    `diprl.learn.lifecycle`). `site`: its run directory, adapter store and pin key (installed for
     this process before it touches the store). `rank` None: the learner is one process; else one rank of a group.
     """
 
@@ -95,9 +95,7 @@ class Learner:
         self.vocab_size = self.preset.tiny.vocab_size if self.preset.tiny is not None else None
         self.table = token_table(tokenizer, self.vocab_size)
         self.pad_id = pad_token_id(tokenizer)
-        self.life = Lifecycle(
-            config, self.dist, self.run_dir, AdapterStore(site.adapter_root), self.preset, site.registry
-        )
+        self.life = Lifecycle(config, self.dist, self.run_dir, AdapterStore(site.adapter_root), self.preset)
         self.quarantine = QuarantineFile(self.metrics_path.with_name(QUARANTINE_FILE), config.policy, self.dist.writer)
         self._answered: float | None = None  # when train_next last returned (its idle time)
         self.intake = GroupIntake(

@@ -78,14 +78,11 @@ class Lifecycle:
         run_dir: Path,
         store: AdapterStore,
         preset: ModelPreset,
-        registry: str | None = None,
     ) -> None:
         self.config = config
         self.dist = dist
         self.store = store
         self.preset = preset
-        self.registry_name = registry
-        self._registry: Any = None
         self.checkpoints = CheckpointDir(
             run_dir / "checkpoints" / config.policy, keep=config.keep_checkpoints, required=CHECKPOINT_FILES
         )
@@ -101,16 +98,6 @@ class Lifecycle:
         self._checkpoint_due = False
         self._publishes = 0  # in this process: every `canary_every`-th carries a canary, the first included
         self.rollbacks: dict[str, str] = {}  # rollback decision -> the version that carried it out (checkpointed)
-
-    @property
-    def registry(self) -> Any:
-        if self.registry_name and self._registry is None:
-            import ray
-
-            from diprl.inference.registry import NAMESPACE
-
-            self._registry = ray.get_actor(self.registry_name, namespace=NAMESPACE)
-        return self._registry
 
     # ------------------------------------------------------------------ start, reset
     def start_dir(self) -> Path | None:
@@ -228,7 +215,7 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ versions
     def publish(self, model: TrainedModel) -> str:
-        """Publish the current LoRA weights as the next version of the policy (and register it if configured).
+        """Publish the current LoRA weights as the next version of the policy.
 
         In a group rank 0 writes the version and the others learn its number (their weights are the same).
         """
@@ -238,10 +225,6 @@ class Lifecycle:
         def write() -> str:
             # The weights' canary travels in the version: a replica refuses the version unless it reproduces it.
             canary = version_canary(model.peft, self.preset, self.config.zero_stage) if canaried else None
-            if self.registry is not None:
-                from diprl.inference.registry import publish_everywhere
-
-                return str(publish_everywhere(self.store, policy, model.peft, self.registry, canary=canary))
             return str(self.store.publish(policy, model.peft, base_model=base_model_name(self.preset), canary=canary))
 
         with whole_lora(model.peft):  # every rank: rank 0 saves whole weights

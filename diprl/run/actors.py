@@ -37,8 +37,6 @@ def server_config(config: Config, run_dir: Path, verbose: bool = False) -> Any:
     return replace(
         config.inference,
         adapter_root=str((run_dir / "adapters").resolve()),
-        adapter_cache=str((run_dir / ".adapter_cache").resolve()),
-        adapter_registry=None,
         name=serve_app,
         route_prefix=f"/{serve_app}",
         log_level="INFO" if verbose else config.inference.log_level,  # the replicas' vLLM and Serve logs

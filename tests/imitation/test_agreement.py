@@ -131,7 +131,6 @@ def test_the_greedy_decode_is_what_the_policy_server_writes_at_temperature_zero(
         model=str(resolve_model_path(preset)),
         dtype="float32",
         adapter_root=str(store.root),
-        adapter_cache=str(tmp_path / "cache"),
         max_num_seqs=8,
     )
 

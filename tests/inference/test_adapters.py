@@ -1,4 +1,4 @@
-"""AdapterStore: validated names, atomic immutable publishing, verification, and transport."""
+"""AdapterStore: validated names, atomic immutable publishing and verification."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,10 @@ from diprl.inference.adapters import (
     CorruptAdapter,
     IncompatibleAdapter,
     InvalidAdapterName,
-    LocalAdapterCache,
     UnknownAdapter,
     base_model_key,
     check_compatible,
-    materialize,
     model_ref,
-    pack_adapter,
 )
 from diprl.inference.adapters import store as store_module
 from diprl.inference.adapters.manifest import version_from_manifest
@@ -520,16 +517,6 @@ def test_a_publish_that_crashed_after_pinning_leaves_a_pin_the_next_publish_repl
     assert (store.resolve("p@v1").path / WEIGHTS_FILE).read_bytes() == (loras["b"] / WEIGHTS_FILE).read_bytes()
 
 
-def test_a_replica_cache_copy_changed_after_it_was_written_is_refused(tmp_path: Path, loras: dict[str, Path]) -> None:
-    store = AdapterStore(tmp_path / "store")
-    packed = pack_adapter(store.resolve(store.publish("p", loras["a"]).name))
-    copy = materialize(packed, tmp_path / "cache")
-    rewrite_with_manifest_to_match(copy.path, WEIGHTS_FILE, (loras["b"] / WEIGHTS_FILE).read_bytes())
-    with pytest.raises(CorruptAdapter, match="fingerprint pinned"):
-        AdapterStore(tmp_path / "cache").resolve("p@v1")
-    assert materialize(packed, tmp_path / "cache").fingerprint == copy.fingerprint  # replaced, as damage is
-
-
 # ---- compatibility ---------------------------------------------------------------------------
 
 
@@ -566,127 +553,6 @@ def test_base_model_key_sees_one_model_under_different_paths() -> None:
     assert base_model_key("/a/zoo/bases/tiny_pretrained") != base_model_key("/a/zoo/bases/tiny_dagger")
 
 
-# ---- transport -------------------------------------------------------------------------------
-
-
-def test_pack_materialize_round_trip_is_verified_and_idempotent(tmp_path: Path, loras: dict[str, Path]) -> None:
-    store = AdapterStore(tmp_path / "store")
-    original = store.resolve(store.publish("p", loras["a"]).name)
-    packed = pack_adapter(original)
-    assert sorted(packed) == sorted([*adapters.ADAPTER_FILES, MANIFEST_FILE])
-    copy = materialize(packed, tmp_path / "cache")
-    assert copy.path == tmp_path / "cache" / "p" / "v1"
-    assert (copy.ref, copy.fingerprint, copy.rank, copy.base_model) == (
-        original.ref,
-        original.fingerprint,
-        original.rank,
-        original.base_model,
-    )
-    mtime = (copy.path / WEIGHTS_FILE).stat().st_mtime_ns
-    assert materialize(packed, tmp_path / "cache").path == copy.path
-    assert (copy.path / WEIGHTS_FILE).stat().st_mtime_ns == mtime  # reused, not rewritten
-    assert sorted(p.name for p in (tmp_path / "cache" / "p").iterdir()) == ["v1"]
-
-    # A damaged cache entry is replaced.
-    writable(copy.path / WEIGHTS_FILE).write_bytes(b"junk")
-    assert materialize(packed, tmp_path / "cache").fingerprint == original.fingerprint
-    assert sorted(p.name for p in (tmp_path / "cache" / "p").iterdir()) == ["v1"]
-
-
-def _tampered(packed: Mapping[str, bytes], **changes: bytes) -> dict[str, bytes]:
-    return {**packed, **changes}
-
-
-def test_tampered_bundles_are_rejected_before_anything_is_written(tmp_path: Path, loras: dict[str, Path]) -> None:
-    store = AdapterStore(tmp_path / "store")
-    packed = pack_adapter(store.resolve(store.publish("p", loras["a"]).name))
-    weights = bytearray(packed[WEIGHTS_FILE])
-    weights[100] ^= 0xFF
-    manifest = json.loads(packed[MANIFEST_FILE])
-    bad: list[tuple[dict[str, bytes], str]] = [
-        (_tampered(packed, **{WEIGHTS_FILE: bytes(weights)}), f"{WEIGHTS_FILE} does not match"),
-        (_tampered(packed, **{WEIGHTS_FILE: packed[WEIGHTS_FILE][:-1]}), f"{WEIGHTS_FILE} does not match"),
-        ({k: v for k, v in packed.items() if k != MANIFEST_FILE}, "no DIPRL_MANIFEST"),
-        ({**packed, "../../evil.py": b"import os"}, "expected files"),
-        (_tampered(packed, **{MANIFEST_FILE: json.dumps({**manifest, "name": "../x@v1"}).encode()}), "invalid"),
-        (_tampered(packed, **{MANIFEST_FILE: json.dumps({**manifest, "name": "base"}).encode()}), "invalid"),
-        (
-            _tampered(
-                packed,
-                **{MANIFEST_FILE: json.dumps({**manifest, "files": {**manifest["files"], "x/../y": {}}}).encode()},
-            ),
-            "must list exactly",
-        ),
-        (_tampered(packed, **{MANIFEST_FILE: json.dumps({**manifest, "rank": 4}).encode()}), "disagree"),
-        (_tampered(packed, **{MANIFEST_FILE: b"\x00garbage"}), "invalid"),
-    ]
-    for bundle, message in bad:
-        with pytest.raises(CorruptAdapter, match=message):
-            materialize(bundle, tmp_path / "cache")
-    with pytest.raises(CorruptAdapter, match="mapping of file names to bytes"):
-        materialize({MANIFEST_FILE: "text"}, tmp_path / "cache")  # type: ignore[dict-item]
-    assert not (tmp_path / "cache").exists()
-    assert not (tmp_path / "evil.py").exists()
-
-
-def test_local_cache_prefers_the_shared_store_and_falls_back_to_fetch(tmp_path: Path, loras: dict[str, Path]) -> None:
-    origin = AdapterStore(tmp_path / "origin")
-    origin.publish("p", loras["a"])
-    origin.publish("p", loras["b"])
-    shared = AdapterStore(tmp_path / "shared")
-    shared.publish("p", loras["a"])  # the shared mount holds only v1
-    fetched: list[str] = []
-
-    def fetch(name: str) -> dict[str, bytes]:
-        fetched.append(name)
-        return pack_adapter(origin.resolve(name))
-
-    cache = LocalAdapterCache(tmp_path / "cache", fetch=fetch, store=shared)
-    assert cache.get("p@v1").path == shared.root / "p" / "v1"
-    assert fetched == []
-    v2 = cache.get("p@v2")
-    assert v2.path == tmp_path / "cache" / "p" / "v2" and fetched == ["p@v2"]
-    assert v2.fingerprint == origin.resolve("p@v2").fingerprint
-    assert cache.get("p@v2").path == v2.path and fetched == ["p@v2"]  # materialized once
-
-    with pytest.raises(UnknownAdapter, match="p@v9"):
-        cache.get("p@v9")  # the fetch callable's UnknownAdapter passes through
-    empty: dict[str, dict[str, bytes]] = {}
-    with pytest.raises(UnknownAdapter, match="fetch source does not have it"):
-        LocalAdapterCache(tmp_path / "c2", fetch=empty.__getitem__).get("p@v1")
-
-    def offline(name: str) -> dict[str, bytes]:
-        raise ConnectionError("down")
-
-    with pytest.raises(AdapterError, match="cannot fetch adapter p@v1: ConnectionError"):
-        LocalAdapterCache(tmp_path / "c3", fetch=offline).get("p@v1")
-    with pytest.raises(UnknownAdapter, match="versions of 'p': p@v1"):
-        LocalAdapterCache(tmp_path / "c4", store=shared).get("p@v2")
-    with pytest.raises(InvalidAdapterName):
-        cache.get("../../etc/passwd")
-    with pytest.raises(ValueError, match="needs a shared store"):
-        LocalAdapterCache(tmp_path / "c5")
-
-
-def test_ray_object_store_transport(tmp_path: Path, loras: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    ray = pytest.importorskip("ray")
-    store = AdapterStore(tmp_path / "learner")
-    version = store.resolve(store.publish("hero", loras["a"]).name)
-    from diprl.raysession import connect
-
-    connect(address="local", num_cpus=1, logging_level="ERROR")
-    try:
-        refs = {version.name: adapters.put_adapter(version)}
-        cache = LocalAdapterCache(tmp_path / "replica", fetch=adapters.object_store_fetch(refs))
-        local = cache.get("hero@v1")
-        assert local.path == tmp_path / "replica" / "hero" / "v1"
-        assert local.fingerprint == version.fingerprint
-        with pytest.raises(UnknownAdapter, match="object store holds: hero@v1"):
-            cache.get("hero@v2")
-    finally:
-        ray.shutdown()
-
-
 # ---- PEFT round trip -------------------------------------------------------------------------
 
 
@@ -696,7 +562,7 @@ def test_a_resolved_version_loads_into_peft_with_the_same_logits(tmp_path: Path)
     in_memory = make_lora_model(seed=11)
     store = AdapterStore(tmp_path / "store")
     ref = store.publish("p", in_memory)
-    version = LocalAdapterCache(tmp_path / "cache", fetch=lambda n: pack_adapter(store.resolve(n))).get(ref.name)
+    version = store.resolve(ref.name)
     loaded = PeftModel.from_pretrained(load_tiny_base(), str(version.path)).eval()
     from diprl.policy.tokenizer import load_tokenizer
 
@@ -859,8 +725,8 @@ def _modes(root: Path) -> dict[str, int]:
     return found
 
 
-def test_published_and_cached_adapters_are_readable_by_their_owner_only(tmp_path: Path, loras: dict[str, Path]) -> None:
-    """Found by review (L6): published adapters (and the replica cache's copies) were world-readable: anyone
+def test_published_and_copied_adapters_are_readable_by_their_owner_only(tmp_path: Path, loras: dict[str, Path]) -> None:
+    """Found by review (L6): published adapters (and a replica's private copies) were world-readable: anyone
     on the machine could copy a run's trained weights. Everything the store writes is its owner's alone:
     directories 0700, version files 0400 (pins, the index and lock files 0600), whatever the umask."""
     old_umask = os.umask(0o022)  # the usual umask: what left everything readable by all
@@ -868,22 +734,20 @@ def test_published_and_cached_adapters_are_readable_by_their_owner_only(tmp_path
         store = AdapterStore(tmp_path / "store")
         store.publish("p", loras["a"])
         store.publish("p", loras["b"])
-        cache = LocalAdapterCache(tmp_path / "cache", fetch=lambda name: pack_adapter(store.resolve(name)))
-        cached = cache.get("p@v2")
         from diprl.inference.adapters.private import PrivateCopies
 
         copies = PrivateCopies(tmp_path / "private")
         private = copies.acquire(store.resolve("p@v1"))
     finally:
         os.umask(old_umask)
-    for root in (store.root, cache.cache.root, copies.root):
+    for root in (store.root, copies.root):
         modes = _modes(root)
         assert {path: mode for path, mode in modes.items() if mode & 0o077} == {}, root
     version_files = [store.root / "p" / "v1" / name for name in (*adapters.ADAPTER_FILES, MANIFEST_FILE)]
     assert {(f.stat().st_mode & 0o777) for f in version_files} == {0o400}
     assert (store.root / "p" / "v1").stat().st_mode & 0o777 == 0o700
     # The owner still reads, verifies, serves and prunes them.
-    assert store.resolve("p@v1").fingerprint == cache.get("p@v1").fingerprint
-    assert cached.path.is_dir() and (private / WEIGHTS_FILE).read_bytes() == (loras["a"] / WEIGHTS_FILE).read_bytes()
+    assert store.resolve("p@v2").path.is_dir()
+    assert (private / WEIGHTS_FILE).read_bytes() == (loras["a"] / WEIGHTS_FILE).read_bytes()
     copies.close()
     assert store.prune("p", keep_last=1) == [AdapterRef("p", 1)]

@@ -50,7 +50,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[An
         model=str(base),
         dtype="float32",
         adapter_root=str(root / "store"),
-        adapter_cache=str(root / "cache"),
         max_num_seqs=8,
     )
 

@@ -69,7 +69,7 @@ def fake_serve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeServe:
 
 
 def config(tmp_path: Path, root: str, name: str = "policy") -> ServerConfig:
-    return ServerConfig(adapter_root=str(tmp_path / root), adapter_cache=str(tmp_path / "cache"), name=name)
+    return ServerConfig(adapter_root=str(tmp_path / root), name=name)
 
 
 def test_a_second_run_is_refused_before_its_server_repoints_the_first_one(

@@ -55,21 +55,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         assert store.publish(name.split("@")[0], path).name == name
     port = free_port()
     connect(address="local", num_cpus=4)
-    from diprl.inference.registry import REGISTRY_NAME, start_registry
-
-    registry = start_registry()  # versions missing from the server's directory come through the object store
     config = ServerConfig(
         model="tiny",
         adapter_root=str(root / "adapters"),
-        adapter_cache=str(root / "cache"),
-        adapter_registry=REGISTRY_NAME,
         port=port,
         loaded_adapters=2,
         max_body_bytes=64 * 1024,
     )
     handle = serve_policy(config)
     yield Server(handle, store, port, lora_dirs)
-    del registry  # held until here: the registry lives as long as a handle to it does
     serve.shutdown()
     ray.shutdown()
 
@@ -185,22 +179,6 @@ def test_corrupt_adapter_and_malformed_requests_fail_alone(server: Server, tmp_p
     assert "'legal' must have exactly the keys" in results[1].error
     assert "prompt" in results[2].error and "temperature" in results[3].error
     assert results[4].error is None and results[4].complete
-
-
-def test_a_version_that_travels_through_the_object_store_is_served(server: Server, tmp_path: Path) -> None:
-    """The learner's store is on another disk: the server's directory never sees the files."""
-    from diprl.inference.registry import publish_everywhere, start_registry
-
-    learner_store = AdapterStore(tmp_path / "learner-disk")
-    lora = make_lora_dir(tmp_path / "remote", seed=11)
-    ref = publish_everywhere(learner_store, "remote", lora, start_registry())
-    assert ref.name not in server.store
-    request = _requests([ref.name])[0]
-    [result] = server.generate([request])
-    assert result.error is None and result.complete
-    assert torch.allclose(torch.tensor(result.logprobs), _reference_logprobs(result, request, lora), atol=1e-4)
-    [missing] = server.generate(_requests(["remote@v2"]))
-    assert "UnknownAdapter" in missing.error
 
 
 def test_openai_compatible_completions_route(server: Server) -> None:
@@ -353,7 +331,6 @@ def test_a_second_server_for_another_adapter_store_is_refused_and_the_first_keep
     other = ServerConfig(
         model="tiny",
         adapter_root=str(tmp_path / "other-run"),
-        adapter_cache=str(tmp_path / "other-cache"),
         port=server.port,
     )
     with pytest.raises(ServeConflict, match=r"'policy' already serves adapters from .*adapters"):

@@ -144,7 +144,6 @@ def make_engine(tmp_path: Path, store: AdapterStore, tiny_tokenizer: Any) -> Ite
         server_config = ServerConfig(
             model=str(tiny_base_path()),
             adapter_root=str(store.root),
-            adapter_cache=str(tmp_path / "cache"),
             **config,
         )
         engine = PolicyEngine(server_config, engine=fake, tokenizer=tokenizer or tiny_tokenizer)

@@ -68,7 +68,6 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(
         model=str(model_path),
         dtype="float32",
         adapter_root=str(adapters),
-        adapter_cache=str(tmp_path / "cache"),
         max_num_seqs=8,
     )
     results = serve_in_process(config, requests)

@@ -134,9 +134,7 @@ def test_rollout_through_the_policy_server_with_the_tiny_model(ray_cluster: None
     # A published version for the hero: only a learner's version is trained.
     assert AdapterStore(tmp_path / "adapters").publish("main", make_lora_dir(tmp_path, seed=1)).name == "main@v1"
     # port=0: a free port, so a PolicyServer already running on this machine does not fail the test.
-    serve_policy(
-        ServerConfig(model="tiny", adapter_root=str(tmp_path / "adapters"), adapter_cache=str(tmp_path / "c"), port=0)
-    )
+    serve_policy(ServerConfig(model="tiny", adapter_root=str(tmp_path / "adapters"), port=0))
     try:
         # Four forks of four matches: with fewer, every fork of every match often ends a year later with the
         # same return (the engine's sampling is not seeded), and a group without variance is not delivered.

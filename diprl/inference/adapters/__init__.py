@@ -1,4 +1,4 @@
-"""Immutable, verified LoRA adapter versions (`<policy>@v<N>`) and how they reach a replica.
+"""Immutable, verified LoRA adapter versions (`<policy>@v<N>`) and how a replica reads them.
 
 The learner publishes, the league refers to versions by name, and every `PolicyServer` replica
 loads them on first use. One module per job:
@@ -7,8 +7,7 @@ loads them on first use. One module per job:
 - `files`: what makes PEFT files servable (config, safetensors header, fit to a base model);
 - `manifest`: the per-version record of sizes and hashes, parsed as untrusted input;
 - `pins`: each version's fingerprint, recorded at publish time away from its files;
-- `store`: `AdapterStore`, atomic immutable publishing and verified reading;
-- `transport`: packing, the replica's verified local cache, Ray's object store.
+- `store`: `AdapterStore`, atomic immutable publishing and verified reading.
 
 Everything other code uses is importable from here (`from diprl.inference.adapters import ...`).
 """
@@ -40,14 +39,6 @@ from diprl.inference.adapters.names import (
 )
 from diprl.inference.adapters.pins import PINS_DIR, read_pin
 from diprl.inference.adapters.store import INDEX_FILE, INDEX_FORMAT, AdapterStore, SavesPretrained
-from diprl.inference.adapters.transport import (
-    Fetch,
-    LocalAdapterCache,
-    materialize,
-    object_store_fetch,
-    pack_adapter,
-    put_adapter,
-)
 
 __all__ = [
     "ADAPTER_FILES",
@@ -67,21 +58,15 @@ __all__ = [
     "AdapterStore",
     "AdapterVersion",
     "CorruptAdapter",
-    "Fetch",
     "IncompatibleAdapter",
     "InvalidAdapterName",
-    "LocalAdapterCache",
     "SavesPretrained",
     "UnknownAdapter",
     "base_model_key",
     "base_weight_shapes",
     "check_compatible",
     "check_weights_fit_base",
-    "materialize",
     "model_ref",
-    "object_store_fetch",
-    "pack_adapter",
-    "put_adapter",
     "read_pin",
     "same_base_model",
     "validate_policy_name",

@@ -1,14 +1,13 @@
 """What makes a PEFT LoRA directory servable: its config, its weights' header, and its fit to a base model.
 
-Every check runs before an adapter becomes a version (at publish), again on bytes that arrive over a
-transport, and against the serving model when a replica loads it: vLLM reports a bad rank or a
-foreign module as an engine error, and an adapter of the wrong shape or for another base model would
-either crash a replica or load silently and play nonsense. The `safetensors` library reads the
-weights' header (it rejects truncation, a mangled or oversized header, unknown dtypes, and tensors
-whose bytes overlap, leave gaps or disagree with their shapes); the checks here add what LoRA
-serving needs on top. Only `check_finite_weights` reads the tensors' values, once, at publish: a
-diverged adapter (NaN or inf in any LoRA weight) would load and make every request it serves sample
-garbage, so it never becomes a version.
+Every check runs before an adapter becomes a version (at publish) and against the serving model when
+a replica loads it: vLLM reports a bad rank or a foreign module as an engine error, and an adapter of
+the wrong shape or for another base model would either crash a replica or load silently and play
+nonsense. The `safetensors` library reads the weights' header (it rejects truncation, a mangled or
+oversized header, unknown dtypes, and tensors whose bytes overlap, leave gaps or disagree with their
+shapes); the checks here add what LoRA serving needs on top. Only `check_finite_weights` reads the
+tensors' values, once, at publish: a diverged adapter (NaN or inf in any LoRA weight) would load and
+make every request it serves sample garbage, so it never becomes a version.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from safetensors import SafetensorError, deserialize, safe_open
+from safetensors import SafetensorError, safe_open
 
 from diprl.inference.adapters.names import CorruptAdapter, IncompatibleAdapter, same_base_model
 
@@ -114,15 +113,6 @@ def tensor_specs_of_file(path: Path, where: str) -> dict[str, TensorSpec]:
     except (SafetensorError, OSError) as err:
         raise CorruptAdapter(f"{where}/{WEIGHTS_FILE}: not a readable safetensors file ({err}; truncated?)") from None
     _check_metadata(metadata, where)
-    return _specs(pairs)
-
-
-def tensor_specs_of_bytes(data: bytes, where: str) -> dict[str, TensorSpec]:
-    """`tensor_specs_of_file` for bytes that arrived over a transport."""
-    try:
-        pairs = [(name, info["dtype"], info["shape"]) for name, info in deserialize(data)]
-    except SafetensorError as err:
-        raise CorruptAdapter(f"{where}/{WEIGHTS_FILE}: not a readable safetensors file ({err}; truncated?)") from None
     return _specs(pairs)
 
 

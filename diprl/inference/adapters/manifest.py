@@ -1,8 +1,8 @@
 """A version's manifest (`DIPRL_MANIFEST.json`): its name, shape and the size + SHA-256 of each file.
 
 The manifest is what makes a version verifiable: a replica compares the bytes it is about to load
-with it, and a bundle that crossed the object store is checked against it before anything is
-written. It is untrusted input (it may come off the wire), so it is parsed defensively here.
+with it. It is untrusted input (anyone who can write the store can write it), so it is parsed
+defensively here.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class InvalidAdapterName(AdapterError, UnknownPolicyRef):
 
 
 class UnknownAdapter(AdapterError):
-    """A well-formed name the store (or the transport) does not hold."""
+    """A well-formed name the store does not hold."""
 
 
 class CorruptAdapter(AdapterError):
