@@ -14,8 +14,10 @@ Pure file reading and hashing: no torch, no Ray.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from diprl.policy.models import CONF_DIR, load_preset
 
 ZOO_ROOT = CONF_DIR.parent / "zoo"
 MANIFEST = "manifest.json"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what PEFT loads an adapter from
 INDEX = "zoo.json"
 _FILE_RE = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 
@@ -176,26 +179,40 @@ def add_entry(
     conf_dir: Path | None = None,
 ) -> ZooEntry:
     """Write `zoo/<name>/` (the adapter copied in, when given) and its manifest, fingerprinting the entry's
-    files and its model's shipped base; `best` points `zoo:best` at it. Returns the entry, verified."""
+    files and its model's shipped base; `best` points `zoo:best` at it. Returns the entry, verified.
+
+    Everything is checked before anything is written (`ZooError` naming the problem), so a bad call
+    leaves the zoo as it was."""
     import shutil
 
     from diprl.policy.models import repo_path
 
     root = root if root is not None else ZOO_ROOT
     PolicyRef.parse(f"zoo:{name}")  # the name's grammar
-    preset = load_preset(model, conf_dir)
-    directory = root / name
-    directory.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
+    try:
+        preset = load_preset(model, conf_dir)
+    except (KeyError, ValueError) as err:
+        raise ZooError(f"model {model!r} is not usable: {err}") from None
     if adapter is not None:
-        shutil.rmtree(directory / "adapter", ignore_errors=True)
-        shutil.copytree(adapter, directory / "adapter")
-        paths.append(directory / "adapter")
+        missing = [f for f in ADAPTER_FILES if not (adapter / f).is_file()]
+        if missing:
+            raise ZooError(f"adapter {adapter} is not a PEFT adapter directory: no {', '.join(missing)}")
+    paths: list[Path] = []
     if preset.path:
         base = repo_path(preset.path).resolve()
         if not base.is_relative_to(root.resolve()):
             raise ZooError(f"model {model!r}'s base {base} is not in the zoo ({root}): ship it under zoo/bases/")
         paths.append(base)
+    elif adapter is None:
+        raise ZooError(
+            f"an entry without an adapter is its model's base alone, and {model!r} ships no base (zoo/bases/)"
+        )
+    directory = root / name
+    directory.mkdir(parents=True, exist_ok=True)
+    if adapter is not None:
+        shutil.rmtree(directory / "adapter", ignore_errors=True)
+        shutil.copytree(adapter, directory / "adapter")
+        paths.append(directory / "adapter")
     manifest = {
         "name": name,
         "model": model,
@@ -212,3 +229,53 @@ def add_entry(
         index.setdefault("aliases", {})["best"] = name
         (root / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     return load_entry(f"zoo:{name}", root, conf_dir)
+
+
+def _figures(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        figures = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ZooError(f"--figures {path}: not readable JSON ({err})") from None
+    if not isinstance(figures, dict):
+        raise ZooError(f"--figures {path}: must hold a JSON object of figures, got {type(figures).__name__}")
+    return figures
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m diprl.policy.zoo", description="The model zoo (docs/zoo.md).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add = commands.add_parser(
+        "add", help="add or replace an entry: copy its adapter in, fingerprint its files, write its manifest"
+    )
+    add.add_argument("name", help="the entry, played as zoo:<name>")
+    add.add_argument("--model", required=True, help="the conf/model/ preset it plays on (its base under zoo/bases/)")
+    add.add_argument(
+        "--adapter", type=Path, default=None, help="its PEFT adapter directory; none: the preset's base alone"
+    )
+    add.add_argument("--recipe", required=True, help="the one command that reproduces it from a fresh checkout")
+    add.add_argument("--budget", required=True, help="what that command took, and on what machine")
+    add.add_argument("--commit", required=True, help="the commit it was trained at")
+    add.add_argument("--figures", type=Path, default=None, help="a JSON file of what bench strength measured")
+    add.add_argument("--best", action="store_true", help="point zoo:best at it")
+    add.add_argument("--root", type=Path, default=ZOO_ROOT, help="the zoo directory (default: the repository's)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        figures = _figures(args.figures)
+        entry = add_entry(
+            args.name, args.model, args.recipe, args.budget, args.commit, figures, args.adapter, args.best, args.root
+        )
+    except UnknownPolicyRef as err:  # ZooError included
+        parser.error(str(err))
+    print(f"{entry.ref}: {len(entry.files)} files fingerprinted in {entry.root / entry.name / MANIFEST}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -110,3 +110,42 @@ def test_a_renamed_entry_is_refused(tmp_zoo: tuple[Path, Path]) -> None:
     (root / "one").rename(root / "two")
     with pytest.raises(ZooError, match="copied or renamed"):
         load_entry("zoo:two", root, conf)
+
+
+def test_the_add_command_writes_a_verified_entry_and_refuses_bad_input_writing_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    (adapter / "adapter_config.json").write_text("{}")
+    figures = tmp_path / "figures.json"
+    figures.write_text(json.dumps({"policy_vs_dumbbot": 4.5}))
+    root = tmp_path / "zoo"
+    rest = ["--recipe", "python -m diprl.train", "--budget", "1 minute", "--commit", "abc", "--root", str(root)]
+    tiny = ["--model", "tiny", *rest]
+    assert zoo.main(["add", "tuned", "--adapter", str(adapter), "--figures", str(figures), "--best", *tiny]) == 0
+    assert "zoo:tuned: 2 files fingerprinted" in capsys.readouterr().out
+    entry = load_entry("zoo:best", root)
+    assert (entry.name, entry.model, entry.commit) == ("tuned", "tiny", "abc")
+    assert entry.figures == {"policy_vs_dumbbot": 4.5}
+    assert sorted(entry.files) == ["tuned/adapter/adapter_config.json", "tuned/adapter/adapter_model.safetensors"]
+
+    not_an_object = tmp_path / "list.json"
+    not_an_object.write_text("[4.5]")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = [
+        (["Bad/Name", "--adapter", str(adapter), *tiny], "malformed zoo reference"),
+        (["x", "--adapter", str(adapter), "--model", "nope", *rest], "unknown model preset 'nope'"),
+        (["x", "--adapter", str(tmp_path / "missing"), *tiny], "not a PEFT adapter directory"),
+        (["x", "--adapter", str(empty), *tiny], "no adapter_config.json, adapter_model.safetensors"),
+        (["x", *tiny], "'tiny' ships no base"),
+        (["x", "--model", "tiny_pretrained", *rest], "is not in the zoo"),
+        (["x", "--adapter", str(adapter), "--figures", str(not_an_object), *tiny], "must hold a JSON object"),
+    ]
+    for argv, message in refused:
+        with pytest.raises(SystemExit) as exited:
+            zoo.main(["add", *argv])
+        assert exited.value.code == 2 and message in capsys.readouterr().err, argv
+    assert sorted(p.name for p in root.iterdir()) == ["tuned", "zoo.json"]  # a refused call wrote nothing
