@@ -16,22 +16,16 @@ a second signal aborts at once.
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from diprl.console import quiet_libraries
 from diprl.policy.models import build_model
-from diprl.run.actors import ray_options, run_pin_key, server_config, start_actors, web_app
+from diprl.run.actors import ray_options, ready_run_dir, server_config, start_actors, web_app
 from diprl.run.config import CONF_DIR, Config, ConfigError, compose_config
 from diprl.run.driver import Driver, Stop, stop_on_signals
-from diprl.run.frozen import publish_frozen
-from diprl.run.provenance import write_provenance
-from diprl.run.rundir import json_safe, load_counters, prepare_run_dir, run_namespace
-from diprl.run.shared_dir import check_shared_run_dir
+from diprl.run.rundir import prepare_run_dir, run_namespace
 
 
 def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, Any]:
@@ -42,9 +36,6 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
     """
     from diprl.inference.deploy import deploying
     from diprl.raysession import ray_session
-    from diprl.run.journal import Journal
-    from diprl.run.progress import RunStats
-    from diprl.tracking import Tracker
 
     quiet_libraries(verbose)
     stop = Stop()
@@ -53,15 +44,11 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
         ray_session(**ray_options(config, verbose, namespace=run_namespace(held.path))) as info,
     ):
         run_dir = held.path
-        check_shared_run_dir(run_dir)  # on several nodes, every node must read and write it: refused now, not later
-        write_provenance(run_dir)
-        pin_key = run_pin_key(run_dir)  # this machine's, handed to every actor that publishes or checks versions
-        publish_frozen(config.train.frozen_adapters, run_dir / "adapters")  # before anything may serve them
+        pin_key = ready_run_dir(config, run_dir)  # seen by every node, provenance, pin key, frozen adapters
         print(f"run directory: {run_dir}", flush=True)
         if hint := info.dashboard_hint():
             print(hint, flush=True)
-        previous = stop_on_signals(stop)
-        try:
+        with stop_on_signals(stop):
             quiet_libraries(verbose)  # Serve configures its own driver-side logger on import: quiet it again
             server = server_config(config, run_dir, verbose)
             for model in (config.model, server.model):  # built once, here: actors and replicas look them up
@@ -69,9 +56,7 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
             with deploying(server, config.placement.inference, pin_key) as deployment, web_app(config, run_dir):
                 actors = start_actors(config, run_dir, pin_key)  # while the PolicyServer's replicas start
                 deployment.result()  # up before any match or evaluation is asked of it
-                tracker = Tracker(run_dir, json_safe(asdict(config)), use_wandb=config.train.wandb)
-                journal = Journal(run_dir, tracker, RunStats())
-                driver = Driver(config, run_dir, actors, journal, load_counters(run_dir), stop)
+                driver = Driver.for_run(config, run_dir, actors, stop)
                 driver.start()
                 versions = ", ".join(driver.learning.versions.values())
                 print(
@@ -80,31 +65,12 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
                     flush=True,
                 )
                 driver.run()
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-    summary: dict[str, Any] = {
-        "train_steps": driver.main_step,
-        "adapter_versions": _count_versions(run_dir / "adapters"),
-        "groups": driver.counters.groups,
-        "run_dir": str(run_dir),
-    }
-    if stop.reason is not None:
-        summary["stopped"] = stop.reason.replace(" ", "_")[:80]
+    summary = driver.summary()
     print(f"metrics: {run_dir / 'metrics.jsonl'}; plots: {run_dir / 'plots'}; evaluations: {run_dir / 'eval'}")
     print(f"checkpoints: {run_dir / 'checkpoints'}; adapters: {run_dir / 'adapters'}; league: {run_dir / 'league'}")
     print(" ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
     summary["exit_code"] = stop.exit_code
     return summary
-
-
-def _count_versions(adapter_root: Path) -> int:
-    from diprl.inference.adapters import AdapterStore
-
-    if not adapter_root.is_dir():
-        return 0
-    store = AdapterStore(adapter_root)
-    return sum(len(store.versions(p)) for p in store.policies())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

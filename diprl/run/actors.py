@@ -1,5 +1,6 @@
-"""The run's actors and what they run beside: the PolicyServer's config, every other actor created (or found
-again on a resume) and placed by resources, the web app, and how Ray is started or joined.
+"""The run's actors and what they run beside: the run directory made ready for them, the PolicyServer's
+config, every other actor created (or found again on a resume) and placed by resources, the web app, and
+how Ray is started or joined.
 
 `diprl.train` composes the configuration and hands these to the driver; nothing here decides anything
 during the run.
@@ -22,7 +23,10 @@ from diprl.inference.adapters.pins import PinKey
 from diprl.learn.site import LearnerSite
 from diprl.run.config import Config, ConfigError
 from diprl.run.driver import Actors
+from diprl.run.frozen import publish_frozen
+from diprl.run.provenance import write_provenance
 from diprl.run.rundir import NAMESPACE, serve_app_name
+from diprl.run.shared_dir import check_shared_run_dir
 
 LEDGER = "group-ledger"  # the GroupLedger actor; rollout workers look it up by this name
 
@@ -71,6 +75,17 @@ def run_pin_key(run_dir: Path | None = None) -> PinKey:
             write_file_atomic(marker, (key.digest() + "\n").encode())
     pins.use_key(key)
     return key
+
+
+def ready_run_dir(config: Config, run_dir: Path) -> PinKey:
+    """What the run directory must be and hold before any actor starts: seen by every node (on several,
+    refused now rather than by a learner later), the code's provenance, the run's pin key (returned: every
+    actor that publishes or checks versions is handed it) and the frozen adapters it may be asked to serve."""
+    check_shared_run_dir(run_dir)
+    write_provenance(run_dir)
+    pin_key = run_pin_key(run_dir)
+    publish_frozen(config.train.frozen_adapters, run_dir / "adapters")
+    return pin_key
 
 
 def start_actors(config: Config, run_dir: Path, pin_key: PinKey | None = None) -> Actors:

@@ -12,13 +12,15 @@ evaluation and the summary are written. A second signal aborts at once (Keyboard
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,8 @@ from diprl.run.faults import Watchdog, chaos
 from diprl.run.journal import Journal
 from diprl.run.learning import LearnerLoop
 from diprl.run.matches import MatchScheduler
-from diprl.run.progress import progress_fields
-from diprl.run.rundir import Counters, save_counters
+from diprl.run.progress import RunStats, progress_fields
+from diprl.run.rundir import Counters, json_safe, load_counters, save_counters
 
 WAIT_S = 1.0  # the loop wakes at least this often (budget, progress line, watchdog)
 STATUS_TIMEOUT_S = 10.0  # a PolicyServer status asked during the run (canaries); the end waits longer
@@ -99,6 +101,15 @@ class Driver:
     journal: Journal
     counters: Counters
     stop: Stop
+
+    @classmethod
+    def for_run(cls, config: Config, run_dir: Path, actors: Actors, stop: Stop) -> Driver:
+        """The run's driver: its journal writes `metrics.jsonl` (and W&B with `train.wandb`), its counters
+        are read back from the run directory (zero for a new run)."""
+        from diprl.tracking import Tracker
+
+        tracker = Tracker(run_dir, json_safe(asdict(config)), use_wandb=config.train.wandb)
+        return cls(config, run_dir, actors, Journal(run_dir, tracker, RunStats()), load_counters(run_dir), stop)
 
     def __post_init__(self) -> None:
         config, actors, journal, counters = self.config, self.actors, self.journal, self.counters
@@ -259,6 +270,19 @@ class Driver:
         )
 
     # ---------------------------------------------------------------- the end
+    def summary(self) -> dict[str, Any]:
+        """The run's last line: main's steps, the versions in the store, the groups trained on, the run
+        directory, and `stopped`: why it ended before its budget (a signal, a failed actor), if it did."""
+        summary: dict[str, Any] = {
+            "train_steps": self.main_step,
+            "adapter_versions": _count_versions(self.run_dir / "adapters"),
+            "groups": self.counters.groups,
+            "run_dir": str(self.run_dir),
+        }
+        if self.stop.reason is not None:
+            summary["stopped"] = self.stop.reason.replace(" ", "_")[:80]
+        return summary
+
     def _end(self) -> None:
         """The final evaluation (if configured), checkpoints and summary, on every exit the run survives."""
         self.evals.final(self.learning.versions["main"], self.main_step)
@@ -339,11 +363,21 @@ class Driver:
         )
 
 
-def stop_on_signals(stop: Stop) -> dict[int, Any]:
+def _count_versions(adapter_root: Path) -> int:
+    from diprl.inference.adapters import AdapterStore
+
+    if not adapter_root.is_dir():
+        return 0
+    store = AdapterStore(adapter_root)
+    return sum(len(store.versions(p)) for p in store.policies())
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: Stop) -> Iterator[None]:
     """SIGINT/SIGTERM: the first asks the run to stop and drain; the second aborts (KeyboardInterrupt).
 
-    Installed after `ray.init`, which sets its own SIGTERM handler (exit at once). Returns the handlers
-    replaced, to put back.
+    Installed after `ray.init`, which sets its own SIGTERM handler (exit at once); the handlers replaced
+    are put back when the block ends.
     """
     received: list[int] = []
 
@@ -364,4 +398,8 @@ def stop_on_signals(stop: Stop) -> dict[int, Any]:
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous[signum] = signal.signal(signum, handler)
-    return previous
+    try:
+        yield
+    finally:
+        for number, replaced in previous.items():
+            signal.signal(number, replaced)
