@@ -153,17 +153,20 @@ def fingerprints(root: Path, paths: list[Path]) -> dict[str, str]:
     return out
 
 
+def _json_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object `path` holds; `ZooError` naming the file when it is unreadable or not an object."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ZooError(f"{path}: unreadable {what} ({err})") from None
+    if not isinstance(value, dict):
+        raise ZooError(f"{path}: the {what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _index(root: Path) -> dict[str, Any]:
     path = root / INDEX
-    if not path.is_file():
-        return {}
-    try:
-        index = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ZooError(f"{path}: unreadable zoo index ({err})") from None
-    if not isinstance(index, dict):
-        raise ZooError(f"{path}: the zoo index must be a JSON object")
-    return index
+    return _json_object(path, "zoo index") if path.is_file() else {}
 
 
 def add_entry(
@@ -231,18 +234,6 @@ def add_entry(
     return load_entry(f"zoo:{name}", root, conf_dir)
 
 
-def _figures(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        figures = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ZooError(f"--figures {path}: not readable JSON ({err})") from None
-    if not isinstance(figures, dict):
-        raise ZooError(f"--figures {path}: must hold a JSON object of figures, got {type(figures).__name__}")
-    return figures
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m diprl.policy.zoo", description="The model zoo (docs/zoo.md).")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -267,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        figures = _figures(args.figures)
+        figures = _json_object(args.figures, "figures file") if args.figures is not None else {}
         entry = add_entry(
             args.name, args.model, args.recipe, args.budget, args.commit, figures, args.adapter, args.best, args.root
         )

@@ -142,7 +142,7 @@ def test_the_add_command_writes_a_verified_entry_and_refuses_bad_input_writing_n
         (["x", "--adapter", str(empty), *tiny], "no adapter_config.json, adapter_model.safetensors"),
         (["x", *tiny], "'tiny' ships no base"),
         (["x", "--model", "tiny_pretrained", *rest], "is not in the zoo"),
-        (["x", "--adapter", str(adapter), "--figures", str(not_an_object), *tiny], "must hold a JSON object"),
+        (["x", "--adapter", str(adapter), "--figures", str(not_an_object), *tiny], "must be a JSON object, got list"),
     ]
     for argv, message in refused:
         with pytest.raises(SystemExit) as exited:
