@@ -161,7 +161,7 @@ class Learner:
         return self.version
 
     def publish(self) -> str:
-        """Publish the current LoRA weights as the next version of the policy (and register it if configured)."""
+        """Publish the current LoRA weights as the next version of the policy."""
         return self.life.publish(self.model)
 
     def save_checkpoint(self) -> Path:
