@@ -140,7 +140,7 @@ def student_examples(
     tokenizer: Any,
     table: Any,
     max_prompt_tokens: int,
-    completion_order: str = "moves_first",
+    completion_order: str = "province",
 ) -> tuple[list[TeacherExample], list[TeacherExample]]:
     """(training, held-out) examples of the labelled decisions: game `i` renumbered `GAME_BASE + i`, held out
     when `i % heldout_every == 0`, each training one `repeats` times as states of their own."""

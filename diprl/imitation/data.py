@@ -64,7 +64,7 @@ class TeacherConfig:
     )
     max_prompt_tokens: int = 1536
     # The fixed order the teacher's lines are written in (`diprl.imitation.teacher.COMPLETION_ORDERS`).
-    completion_order: str = "moves_first"
+    completion_order: str = "province"
     shard_size: int = 4096  # examples per shard file
     workers: int = 0  # processes playing the games; 0: one per CPU core
 

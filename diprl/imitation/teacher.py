@@ -140,15 +140,16 @@ class TeacherExample:
 # ------------------------------------------------------------------------------ completions
 
 
-# The fixed orders a teacher's lines are written in (`TeacherConfig.completion_order`). "moves_first": moves,
-# retreats and builds, then convoys, holds and supports last, each by province: a support is written after the
-# move it backs, as DumbBot decides them (moves first, then idle units support), so the student conditions its
-# supports on the moves it wrote instead of guessing them. "province": by province only, whatever the kind.
-COMPLETION_ORDERS = ("moves_first", "province")
+# The fixed orders a teacher's lines are written in (`TeacherConfig.completion_order`). "province": by province
+# (the shipped bases' recipe). "moves_first": moves, retreats and builds, then convoys, holds and supports last,
+# each by province: a support is written after the move it backs, as DumbBot decides them (moves first, then
+# idle units support), so the student can condition its supports on the moves it wrote (docs/results.md,
+# 2026-12-02: more supports, but half of them still void).
+COMPLETION_ORDERS = ("province", "moves_first")
 _WRITTEN_LAST = {CONVOY: 1, HOLD: 2, SUPPORT: 3}
 
 
-def ordered_lines(legal: PowerOrders, orders: Sequence[str], completion_order: str = "moves_first") -> list[str]:
+def ordered_lines(legal: PowerOrders, orders: Sequence[str], completion_order: str = "province") -> list[str]:
     """The teacher's orders in the fixed completion order (`COMPLETION_ORDERS`), WAIVEs last. Raises for
     orders the teacher should never give."""
     if completion_order not in COMPLETION_ORDERS:
@@ -286,7 +287,7 @@ def tokenize(
     tokenizer: Any,
     table: TokenTable,
     max_prompt_tokens: int,
-    completion_order: str = "moves_first",
+    completion_order: str = "province",
 ) -> TeacherExample | None:
     """The decision as an example: prompt and teacher completion tokenized (None if the prompt is too long)."""
     # Same call the PolicyServer makes on the prompt text (no BOS for Qwen; chat markup parsed as specials).

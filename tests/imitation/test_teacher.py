@@ -50,7 +50,7 @@ def test_completions_pass_the_constraint_for_every_phase_kind(tok: tuple[Any, To
     assert set(seen) == {PhaseKind.MOVEMENT, PhaseKind.RETREAT, PhaseKind.BUILD, PhaseKind.DISBAND}
 
 
-def test_order_lines_put_moves_first_and_supports_last_by_province_with_waives_last() -> None:
+def test_order_lines_follow_the_provinces_or_put_moves_first_and_supports_last_with_waives_last() -> None:
     legal = PowerOrders(
         "FRANCE", "W1901A", PhaseKind.BUILD, {"BRE": ("A BRE B", "F BRE B"), "PAR": ("A PAR B",)}, n_required=2
     )
@@ -58,9 +58,9 @@ def test_order_lines_put_moves_first_and_supports_last_by_province_with_waives_l
     france = DiplomacyGame().legal_orders("FRANCE")
     orders = ["A PAR S A MAR - BUR", "F BRE H", "A MAR - BUR"]
     # Moves first: the support is written after the move it backs, then holds before supports.
-    assert ordered_lines(france, orders) == ["A MAR - BUR", "F BRE H", "A PAR S A MAR - BUR"]
-    assert ordered_lines(france, orders, "province") == ["F BRE H", "A MAR - BUR", "A PAR S A MAR - BUR"]
-    assert ordered_lines(france, ["A PAR - BUR", "F BRE - MAO", "A MAR H"], "province") == [
+    assert ordered_lines(france, orders, "moves_first") == ["A MAR - BUR", "F BRE H", "A PAR S A MAR - BUR"]
+    assert ordered_lines(france, orders) == ["F BRE H", "A MAR - BUR", "A PAR S A MAR - BUR"]
+    assert ordered_lines(france, ["A PAR - BUR", "F BRE - MAO", "A MAR H"]) == [
         "F BRE - MAO",
         "A MAR H",
         "A PAR - BUR",
