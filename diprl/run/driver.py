@@ -137,7 +137,7 @@ class Driver:
             config.rollout.match_retries,
             journal,
             counters,
-            read_proofs=lambda: self._log_canaries(self._server_status(60.0)),
+            read_proofs=lambda: self._log_canaries(self._server_status(STATUS_TIMEOUT_S)),
         )
         watched = {f"rollout-{i}": w for i, w in enumerate(actors.workers)}
         watched |= {f"learner-{p}": learner for p, learner in actors.learners.items()}
