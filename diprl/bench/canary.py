@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from diprl.adapter_files import ADAPTER_FILES, CONFIG_FILE, WEIGHTS_FILE
 from diprl.bench.learner import add_batch_options
 
 
@@ -53,15 +54,15 @@ def _zero_b_dir(version_dir: Path, out: Path) -> Path:
     from safetensors.torch import load_file, save_file
 
     out.mkdir(parents=True)
-    shutil.copyfile(version_dir / "adapter_config.json", out / "adapter_config.json")
-    tensors = load_file(str(version_dir / "adapter_model.safetensors"))
-    save_file({k: (v * 0 if "lora_B" in k else v) for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))
+    shutil.copyfile(version_dir / CONFIG_FILE, out / CONFIG_FILE)
+    tensors = load_file(str(version_dir / WEIGHTS_FILE))
+    save_file({k: (v * 0 if "lora_B" in k else v) for k, v in tensors.items()}, str(out / WEIGHTS_FILE))
     return out
 
 
 def _peft_files(version_dir: Path, out: Path) -> Path:
     out.mkdir(parents=True)
-    for name in ("adapter_config.json", "adapter_model.safetensors"):
+    for name in ADAPTER_FILES:
         shutil.copyfile(version_dir / name, out / name)
     return out
 
@@ -178,7 +179,7 @@ async def serve(
         with contextlib.suppress(Exception):  # the previous weights' own canary: only what it caches matters
             await engine._check_canary(previous, first)
         await engine.engine.remove_lora(first.lora_int_id)
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
+        for name in ADAPTER_FILES:
             shutil.copyfile(last.path / name, shared / name)
         again = LoRARequest("reused@v1", 10_002, str(shared))
         await engine.engine.add_lora(again)

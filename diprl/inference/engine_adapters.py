@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diprl.adapter_files import CONFIG_FILE
 from diprl.inference.adapters import (
     AdapterError,
     AdapterStore,
@@ -175,7 +176,7 @@ class EngineAdapters:
         if not same_base_model(served, self.model_path):
             raise AdapterError(f"{ref} plays on model {entry.model!r} ({served}); this server runs {self.model_path!r}")
         if entry.adapter_dir is not None:
-            rank = json.loads((entry.adapter_dir / "adapter_config.json").read_text()).get("r")
+            rank = json.loads((entry.adapter_dir / CONFIG_FILE).read_text()).get("r")
             if not isinstance(rank, int) or rank > self.config.max_lora_rank:
                 raise AdapterError(
                     f"{ref}: its adapter's rank {rank!r} exceeds the server's max LoRA rank {self.config.max_lora_rank}"

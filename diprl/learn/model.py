@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from diprl.adapter_files import WEIGHTS_FILE
 from diprl.learn.batching import choice_positions
 from diprl.learn.config import LearnerConfig, shared_base_refusal
 from diprl.learn.partitions import whole
@@ -157,9 +158,9 @@ def read_adapter_dir(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
     """
     from safetensors.torch import load_file
 
-    file = Path(path) / "adapter_model.safetensors"
+    file = Path(path) / WEIGHTS_FILE
     if not file.is_file():
-        raise FileNotFoundError(f"{path} holds no adapter_model.safetensors (save with safe_serialization=True)")
+        raise FileNotFoundError(f"{path} holds no {WEIGHTS_FILE} (save with safe_serialization=True)")
     saved = load_file(str(file))
     state: dict[str, torch.Tensor] = {}
     for name in lora_parameters(model):

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diprl.adapter_files import ADAPTER_FILES, WEIGHTS_FILE
 from diprl.atomic_io import sha256_file
 from diprl.messages import PolicyRef, UnknownPolicyRef
 from diprl.policy.models import CONF_DIR, load_preset
 
 ZOO_ROOT = CONF_DIR.parent / "zoo"
 MANIFEST = "manifest.json"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what PEFT loads an adapter from
 INDEX = "zoo.json"
 _FILE_RE = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 
@@ -139,7 +139,7 @@ def verify_files(entry: ZooEntry) -> None:
     if entry.adapter_dir is not None:
         listed = {entry.root / rel for rel in entry.files}
         unlisted = sorted(str(p) for p in entry.adapter_dir.rglob("*") if p.is_file() and p not in listed)
-        if unlisted or (entry.adapter_dir / "adapter_model.safetensors") not in listed:
+        if unlisted or (entry.adapter_dir / WEIGHTS_FILE) not in listed:
             raise ZooError(f"zoo entry {entry.name!r}: adapter files not in its manifest: {unlisted or 'weights'}")
 
 

@@ -12,11 +12,9 @@ loads them on first use. One module per job:
 Everything other code uses is importable from here (`from diprl.inference.adapters import ...`).
 """
 
+from diprl.adapter_files import ADAPTER_FILES, CONFIG_FILE, WEIGHTS_FILE
 from diprl.inference.adapters.files import (
-    ADAPTER_FILES,
-    CONFIG_FILE,
     MANIFEST_FILE,
-    WEIGHTS_FILE,
     AdapterShape,
     base_weight_shapes,
     check_compatible,

@@ -22,16 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError, safe_open
 
+from diprl.adapter_files import CONFIG_FILE, WEIGHTS_FILE
 from diprl.inference.adapters.names import CorruptAdapter, IncompatibleAdapter, same_base_model
 
 if TYPE_CHECKING:
     from diprl.inference.adapters.manifest import AdapterVersion
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
 MANIFEST_FILE = "DIPRL_MANIFEST.json"
-ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
-"""The files every version holds besides its manifest: what vLLM and `PeftModel.from_pretrained` read."""
+"""Every version holds `ADAPTER_FILES` (`diprl.adapter_files`) and this manifest of their fingerprints."""
 CANARY_FILE = "canary.json"
 OPTIONAL_FILES = (CANARY_FILE,)
 """Files a version may hold too, fingerprinted like the others: the canary (`diprl.inference.canary`)

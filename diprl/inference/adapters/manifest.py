@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diprl.adapter_files import ADAPTER_FILES
 from diprl.inference.adapters.files import (
-    ADAPTER_FILES,
     CANARY_FILE,
     MANIFEST_FILE,
     OPTIONAL_FILES,

@@ -38,14 +38,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from diprl.adapter_files import ADAPTER_FILES, CONFIG_FILE, WEIGHTS_FILE
 from diprl.atomic_io import fsync_dir
 from diprl.inference.adapters import _fs
 from diprl.inference.adapters.files import (
-    ADAPTER_FILES,
     CANARY_FILE,
-    CONFIG_FILE,
     MANIFEST_FILE,
-    WEIGHTS_FILE,
     adapter_shape,
     check_compatible,
     check_finite_weights,
