@@ -42,9 +42,10 @@ def run(config: Config, resolved_yaml: str, verbose: bool = False) -> dict[str, 
     with (
         prepare_run_dir(config, resolved_yaml) as held,
         ray_session(**ray_options(config, verbose, namespace=run_namespace(held.path))) as info,
+        # seen by every node, provenance, frozen adapters; the pin key, installed here until the run ends
+        ready_run_dir(config, held.path) as pin_key,
     ):
         run_dir = held.path
-        pin_key = ready_run_dir(config, run_dir)  # seen by every node, provenance, pin key, frozen adapters
         print(f"run directory: {run_dir}", flush=True)
         if hint := info.dashboard_hint():
             print(hint, flush=True)

@@ -29,14 +29,3 @@ def _built_models() -> None:
     from diprl.policy.models import build_model
 
     build_model("tiny")
-
-
-@pytest.fixture(autouse=True)
-def _no_pin_key_left_installed() -> object:
-    """A training run's driver installs its adapter pin key in its own process (`run_pin_key`), and a test
-    that runs `train` in-process is that driver: each test starts as a fresh process would, with none."""
-    from diprl.inference.adapters import pins
-
-    pins._installed = None
-    yield
-    pins._installed = None

@@ -17,6 +17,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -73,14 +74,84 @@ def test_a_pin_key_shows_no_digit_of_itself() -> None:
         assert secret[:8] not in str(refused.value)
 
 
-def test_the_driver_reads_its_key_once_and_installs_it(no_key: Path) -> None:
+def test_the_driver_reads_its_key_once_and_installs_nothing(no_key: Path) -> None:
     from diprl.run.actors import run_pin_key
 
     key = run_pin_key()  # made on first use, where this node's key lives
     assert no_key.read_bytes().strip() == key.secret
     assert stat.S_IMODE(no_key.stat().st_mode) == 0o600
-    assert pins._installed == key  # the driver's own process publishes and reads with it
+    assert pins._installed is None  # installed by the run, for its length (the next test)
     assert run_pin_key() == key  # a resumed run: the same key
+
+
+@pytest.mark.usefixtures("no_key")
+def test_a_scoped_key_is_installed_for_the_block_and_the_previous_one_is_back_after() -> None:
+    with pins.key_installed(KEY_A):
+        with pins.key_installed(KEY_B), contextlib.suppress(RuntimeError):
+            assert pins._installed == KEY_B
+            raise RuntimeError("the run failed")
+        assert pins._installed == KEY_A
+    assert pins._installed is None
+
+
+@pytest.mark.parametrize(("before", "fails"), [(None, False), (KEY_A, False), (KEY_A, True)])
+def test_a_run_holds_its_key_in_the_driver_while_it_lasts_and_puts_back_the_one_it_found(
+    no_key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before: PinKey | None, fails: bool
+) -> None:
+    """`train.run` in this process, with Ray, the PolicyServer and the actors stood in for: the driver's
+    process publishes and reads versions under the run's key while the run lasts, and afterwards (after a
+    failure too) has back the key it had before, or none. The key used to stay installed for good: the next
+    run or store this process touched signed and checked pins with a finished run's key."""
+    from diprl import raysession, train
+    from diprl.inference import deploy
+    from diprl.run import actors
+    from diprl.run.config import compose_config
+
+    seen: dict[str, Any] = {}
+
+    class Driver:
+        learning = SimpleNamespace(versions={"main": "main@v1"})
+
+        @classmethod
+        def for_run(cls, *args: Any) -> Driver:
+            return cls()
+
+        def start(self) -> None:
+            pass
+
+        def run(self) -> None:
+            seen["during"] = pins._installed
+            if fails:
+                raise RuntimeError("an actor failed")
+
+        def summary(self) -> dict[str, Any]:
+            return {}
+
+    def start_actors(config: Any, run_dir: Path, key: PinKey) -> Any:
+        seen["handed"] = key
+        return SimpleNamespace(learners=["main"])
+
+    @contextlib.contextmanager
+    def stand_in(*args: Any, **kwargs: Any) -> Iterator[Any]:  # Ray's session, the deployment, the web app
+        yield SimpleNamespace(dashboard_hint=lambda: None, result=lambda: None)
+
+    monkeypatch.setattr(raysession, "ray_session", stand_in)
+    monkeypatch.setattr(deploy, "deploying", stand_in)
+    monkeypatch.setattr(actors, "check_shared_run_dir", lambda run_dir: 1)
+    monkeypatch.setattr(actors, "write_provenance", lambda run_dir: None)
+    monkeypatch.setattr(train, "build_model", lambda model: None)
+    monkeypatch.setattr(train, "web_app", stand_in)
+    monkeypatch.setattr(train, "start_actors", start_actors)
+    monkeypatch.setattr(train, "Driver", Driver)
+    config, resolved = compose_config(["+experiment=smoke", f"train.run_dir={tmp_path / 'run'}"])
+
+    pins._installed = before
+    with pytest.raises(RuntimeError, match="an actor failed") if fails else contextlib.nullcontext():
+        train.run(config, resolved)
+    run_key = PinKey(no_key.read_bytes().strip())  # this machine's key, made by the run
+    assert seen["during"] is seen["handed"]
+    assert seen["handed"] == run_key != before
+    assert pins._installed is before  # (`is`: a failure's report shows no digit of either key)
 
 
 def test_the_driver_hands_its_key_to_every_learner_and_replica(

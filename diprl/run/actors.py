@@ -51,8 +51,8 @@ PIN_KEY_ID = "pin_key.id"  # in the run directory: which key pinned its versions
 
 
 def run_pin_key(run_dir: Path | None = None) -> PinKey:
-    """The run's adapter pin key: this (the driver's) machine's, read or made once, and installed in the
-    driver's own process (it publishes frozen adapters and its web app reads versions). The driver hands it
+    """The run's adapter pin key: this (the driver's) machine's, read or made once; it installs nothing
+    (`ready_run_dir` installs it in the driver's process for the run's length). The driver hands it
     to every actor that publishes or checks versions (learners, their ranks and hosts, PolicyServer
     replicas), so on a cluster no other node needs a key file. It travels in those actors' constructor
     arguments, inside Ray, and is never written into the run directory, a config or a log.
@@ -73,19 +73,22 @@ def run_pin_key(run_dir: Path | None = None) -> PinKey:
                 )
         else:
             write_file_atomic(marker, (key.digest() + "\n").encode())
-    pins.use_key(key)
     return key
 
 
-def ready_run_dir(config: Config, run_dir: Path) -> PinKey:
+@contextlib.contextmanager
+def ready_run_dir(config: Config, run_dir: Path) -> Iterator[PinKey]:
     """What the run directory must be and hold before any actor starts: seen by every node (on several,
-    refused now rather than by a learner later), the code's provenance, the run's pin key (returned: every
-    actor that publishes or checks versions is handed it) and the frozen adapters it may be asked to serve."""
+    refused now rather than by a learner later), the code's provenance, the run's pin key (yielded: every
+    actor that publishes or checks versions is handed it) and the frozen adapters it may be asked to serve.
+
+    The key is installed in the driver's own process while the block runs (it publishes the frozen adapters
+    and its web app reads versions); the key installed before, or none, is back when the run ends."""
     check_shared_run_dir(run_dir)
     write_provenance(run_dir)
-    pin_key = run_pin_key(run_dir)
-    publish_frozen(config.train.frozen_adapters, run_dir / "adapters")
-    return pin_key
+    with pins.key_installed(run_pin_key(run_dir)) as pin_key:
+        publish_frozen(config.train.frozen_adapters, run_dir / "adapters")
+        yield pin_key
 
 
 def start_actors(config: Config, run_dir: Path, pin_key: PinKey | None = None) -> Actors:

@@ -19,9 +19,10 @@ keeps plain pins: keying it would refuse every version it holds.
 Nodes that read one store on a shared filesystem need the same key. A training run carries it: its driver
 reads (or makes) the key of its own machine once (`load_key`) and hands it, as a `PinKey`, to every actor
 that writes or checks pins, which installs it for its process (`use_key`); an installed key takes
-precedence over the file, so no other node needs one. A tool run outside a training run (evaluation,
-a server of its own) reads the file, on each node: point `DIPRL_PIN_KEY_FILE` at a copy on each (a replica
-that finds a MAC and no key refuses it).
+precedence over the file, so no other node needs one. The driver's own process holds it only while the run
+lasts (`key_installed`): what that process does after the run reads the file again. A tool run outside a
+training run (evaluation, a server of its own) reads the file, on each node: point `DIPRL_PIN_KEY_FILE` at a
+copy on each (a replica that finds a MAC and no key refuses it).
 
 Layout: `root/.pins/<policy>@v<N>` holds the pin and a newline. The name comes from a validated
 `AdapterRef`, so a pin path can never leave `.pins/`.
@@ -36,6 +37,7 @@ import os
 import re
 import secrets
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +82,20 @@ def use_key(key: PinKey | None) -> None:
     global _installed
     if key is not None:
         _installed = key
+
+
+@contextlib.contextmanager
+def key_installed(key: PinKey) -> Iterator[PinKey]:
+    """Sign and check pins in this process with `key` while the block runs, then put back the key installed
+    before it (or none). A training run's driver holds its key this way: the driver may be a process that goes
+    on after the run (a sweep of runs, a test, a notebook), and a finished run's key must not outlive it and
+    sign or accept versions of the next store it touches."""
+    global _installed
+    previous, _installed = _installed, key
+    try:
+        yield key
+    finally:
+        _installed = previous
 
 
 def load_key() -> PinKey:
