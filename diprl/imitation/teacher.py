@@ -27,7 +27,7 @@ from diprl.bots.base import Agent, seat_seed
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, validate_orders
 from diprl.game.orders import CONVOY, HOLD, SUPPORT, WAIVE, parse_order
 from diprl.messages import PolicyRef, TrainingRecord, UnknownPolicyRef
-from diprl.policy.constraint import CLOSE_TAG, ConstraintViolation, OrderConstraint
+from diprl.policy.constraint import CLOSE_TAG, ConstraintViolation, OrderConstraint, contradicted_supports
 from diprl.policy.prompt import build_prompt
 from diprl.policy.vocab import TokenTable
 
@@ -158,6 +158,13 @@ def ordered_lines(legal: PowerOrders, orders: Sequence[str], completion_order: s
     if issues:
         detail = "; ".join(f"{i.kind.value} {i.order!r}: {i.detail}" for i in issues)
         raise TeacherError(f"teacher orders for {legal.power} in {legal.phase} are not a legal set: {detail}")
+    contradicted = contradicted_supports(legal, accepted)
+    if contradicted:
+        raise TeacherError(
+            f"teacher orders for {legal.power} in {legal.phase} support their own units against those units' "
+            f"orders ({', '.join(contradicted)} beside {', '.join(o for o in accepted if o not in contradicted)}): "
+            "the order constraint never writes that, so it cannot be imitated; DumbBot's supports always agree"
+        )
     rank = {loc: i for i, loc in enumerate(legal.locs)}
 
     def key(order: str) -> tuple[bool, int, int]:

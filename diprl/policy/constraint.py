@@ -8,12 +8,22 @@ The language a request may produce is, character by character:
     "</orders>" EOS
 
 An `OrderGrammar` is a character trie over one power's legal orders, with a bitmask per node of
-the units (or sites) whose orders lie below it, so "which units are still unordered" is one integer
-AND. Allowed tokens are found by walking the vocabulary's character trie alongside the grammar, so
-any tokenization works: an order merged with its newline, a tag split over tokens, a token that
-ends one order and starts the next. Results are memoised per grammar state, and grammars are shared
-by every request with the same legal orders (all forks of a decision state, all samples of a
-group), so per request there is nothing to build and most steps are one dictionary lookup.
+the orders that lie below it, so "may this prefix still become an order" is one integer AND with the
+state's bitmask of orders still open: an order closes when its unit (or site) has one, and when it
+would contradict one already written (below). Allowed tokens are found by walking the vocabulary's
+character trie alongside the grammar, so any tokenization works: an order merged with its newline, a
+tag split over tokens, a token that ends one order and starts the next. Results are memoised per
+grammar state, and grammars are shared by every request with the same legal orders (all forks of a
+decision state, all samples of a group), so per request there is nothing to build and most steps are
+one dictionary lookup.
+
+Own supports agree with their orders. A support of one of the power's own units says what that unit
+does: `A VEN S A ROM - APU` that it moves to APU, `A VEN S A ROM` that it stays (holds, supports or
+convoys). Once either side is written, the orders that disagree close: after `A ROM - VEN` no own
+support of ROM moving elsewhere or staying, after `A VEN S A ROM - APU` no order of ROM but its moves to
+APU (and no own support of ROM that asks for something else). A support its unit could never agree
+with (a move it has no legal order for) is not offered. DumbBot never writes a contradicting own
+support, so no teacher label is refused; supports of other powers' units are not touched.
 
 The learner rebuilds exactly the same masks from the stored legal orders (`masks_for`).
 """
@@ -21,14 +31,14 @@ The learner rebuilds exactly the same masks from the stored legal orders (`masks
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from diprl.game.legal import PhaseKind, PowerOrders
-from diprl.game.orders import WAIVE
+from diprl.game.orders import MOVE, SUPPORT, WAIVE, parse_order
 from diprl.policy.vocab import TokenTable
 
 OPEN_TAG = "<orders>\n"
@@ -44,12 +54,13 @@ class ConstraintViolation(ValueError):
 
 class State(NamedTuple):
     """A point in the grammar: `node` is a trie node (LINE) or a position in a tag (OPEN, CLOSE);
-    `remaining` the bitmask of units/sites still to order; `written` orders written; `spent`
-    reasoning tokens used; `match` the length of the open tag matched at the end of reasoning."""
+    `open` the bitmask of orders that may still be written (`OrderGrammar.orders` indexes it);
+    `written` orders written; `spent` reasoning tokens used; `match` the length of the open tag
+    matched at the end of reasoning."""
 
     mode: int
     node: int
-    remaining: int
+    open: int
     written: int
     spent: int = 0
     match: int = 0
@@ -72,20 +83,27 @@ class OrderGrammar:
         self.table = table
         self.locs = legal.locs
         self.n_required = legal.n_required
-        self.waive_bit = 1 << len(self.locs) if legal.allows_waive else 0
-        self.full_mask = (1 << len(self.locs)) - 1 | self.waive_bit
+        demands = _support_demands(legal)
+        # The orders the grammar offers, in a fixed order: bit i of a state's `open` is orders[i].
+        self.orders: list[str] = [
+            order for loc in self.locs for order in legal.by_loc[loc] if demands.get(order, ("", "")) is not None
+        ]
+        self.waive_bit = 1 << len(self.orders) if legal.allows_waive else 0
+        self.full_mask = (1 << len(self.orders)) - 1 | self.waive_bit
+        # Closed once an order is written: the other orders of its unit, and those it contradicts.
+        self.closes: list[int] = _closures(legal, self.orders, demands)
         self.children: list[dict[str, int]] = [{}]
-        self.below: list[int] = [0]  # units/sites with an order below each node
-        self.ends: list[int] = [0]  # the unit/site bit of the order ending at each node
-        for i, loc in enumerate(self.locs):
-            for order in legal.by_loc[loc]:
-                self._insert(order, 1 << i)
+        self.below: list[int] = [0]  # the orders below each node
+        self.ends: list[int] = [-1]  # the index of the order ending at each node (-1: none; WAIVE: len(orders))
+        for i, order in enumerate(self.orders):
+            self._insert(order, i)
         if legal.allows_waive:
-            self._insert(WAIVE, self.waive_bit)
+            self._insert(WAIVE, len(self.orders))
         self._allowed: OrderedDict[State, np.ndarray] = OrderedDict()
         self._reason_safe: np.ndarray | None = None
 
-    def _insert(self, text: str, bit: int) -> None:
+    def _insert(self, text: str, index: int) -> None:
+        bit = 1 << index
         node = 0
         self.below[0] |= bit
         for ch in text:
@@ -95,10 +113,10 @@ class OrderGrammar:
                 self.children[node][ch] = nxt
                 self.children.append({})
                 self.below.append(0)
-                self.ends.append(0)
+                self.ends.append(-1)
             node = nxt
             self.below[node] |= bit
-        self.ends[node] = bit
+        self.ends[node] = index
 
     # ----------------------------------------------------------- states
     def start(self, reasoning: ReasoningOptions | None) -> State:
@@ -106,53 +124,51 @@ class OrderGrammar:
             return State(REASON, 0, self.full_mask, 0)
         return self._after_lines(0, self.full_mask)
 
-    def _after_lines(self, count: int, remaining: int) -> State:
+    def _after_lines(self, count: int, open_: int) -> State:
         if count >= self.n_required:
-            return State(CLOSE, 0, remaining, count)
-        return State(LINE, 0, remaining, count)
+            return State(CLOSE, 0, open_, count)
+        return State(LINE, 0, open_, count)
 
     def step_char(self, s: State, ch: str) -> State | None:
         """The state after one more character, or None if the character is not allowed."""
         mode = s.mode
         if mode == LINE:
             if ch == "\n":
-                bit = self.ends[s.node]
-                if not bit & s.remaining:
+                index = self.ends[s.node]
+                if index < 0 or not (1 << index) & s.open:
                     return None
-                remaining = s.remaining if bit == self.waive_bit else s.remaining & ~bit
-                return self._after_lines(s.written + 1, remaining)
+                open_ = s.open if index == len(self.orders) else s.open & ~self.closes[index]
+                return self._after_lines(s.written + 1, open_)
             nxt = self.children[s.node].get(ch)
-            if nxt is None or not self.below[nxt] & s.remaining:
+            if nxt is None or not self.below[nxt] & s.open:
                 return None
-            return State(LINE, nxt, s.remaining, s.written)
+            return State(LINE, nxt, s.open, s.written)
         if mode == CLOSE:
             if CLOSE_TAG[s.node] != ch:
                 return None
-            return (
-                State(EOS, 0, s.remaining, s.written) if s.node + 1 == len(CLOSE_TAG) else s._replace(node=s.node + 1)
-            )
+            return State(EOS, 0, s.open, s.written) if s.node + 1 == len(CLOSE_TAG) else s._replace(node=s.node + 1)
         if mode == OPEN:
             if OPEN_TAG[s.node] != ch:
                 return None
             if s.node + 1 == len(OPEN_TAG):
-                return self._after_lines(0, s.remaining)
+                return self._after_lines(0, s.open)
             return s._replace(node=s.node + 1)
         if mode == REASON:
             match = _kmp_next(s.match, ch)
             if match == len(OPEN_TAG) - 1:  # "<orders>" seen in the text: the newline must follow
-                return State(OPEN, len(OPEN_TAG) - 1, s.remaining, 0)
+                return State(OPEN, len(OPEN_TAG) - 1, s.open, 0)
             return s._replace(match=match)
         return None
 
     def step_token(self, s: State, token_id: int, reasoning: ReasoningOptions | None = None) -> State | None:
         """The state after a whole token, or None if the token is not allowed there."""
         if s.mode == EOS:
-            return State(DONE, 0, s.remaining, s.written) if token_id == self.table.eos_id else None
+            return State(DONE, 0, s.open, s.written) if token_id == self.table.eos_id else None
         text = self.table.text(token_id)
         if not text:
             return None
         if s.mode == REASON and reasoning is not None and s.spent >= reasoning.max_tokens:
-            s = State(OPEN, s.match, s.remaining, 0)  # budget spent: only the open tag may follow
+            s = State(OPEN, s.match, s.open, 0)  # budget spent: only the open tag may follow
         start_mode = s.mode
         for ch in text:
             nxt = self.step_char(s, ch)
@@ -167,7 +183,7 @@ class OrderGrammar:
     def allowed(self, s: State, reasoning: ReasoningOptions | None = None) -> np.ndarray:
         """Sorted token ids allowed in state `s` (memoised: every request of this grammar shares it)."""
         if s.mode == REASON and reasoning is not None and s.spent >= reasoning.max_tokens:
-            s = State(OPEN, s.match, s.remaining, 0)
+            s = State(OPEN, s.match, s.open, 0)
         key = s._replace(spent=0) if s.mode == REASON else s
         hit = self._allowed.get(key)
         if hit is not None:
@@ -211,6 +227,90 @@ class OrderGrammar:
             )
         fits = [i for i in self.table.close_candidates if self.step_token(s, i, None) is not None]
         return np.union1d(self._reason_safe, np.array(fits, dtype=np.int64))
+
+
+Demand = tuple[str, str] | None  # (the supported own unit's loc, the province it must end its order in)
+
+
+def _intent(order: str) -> str:
+    """The province a unit's order leaves it in: the destination of a move, else its own."""
+    parsed = parse_order(order)
+    return parsed.target_province if parsed.kind == MOVE else parsed.loc
+
+
+def _support_demands(legal: PowerOrders) -> dict[str, Demand]:
+    """Each support of one of the power's own units -> what it asks of that unit, or None when no legal
+    order of the unit could agree (such a support is not offered)."""
+    if legal.kind is not PhaseKind.MOVEMENT:
+        return {}
+    loc_of_province = {loc[:3]: loc for loc in legal.locs}
+    intents: dict[str, set[str]] = {}
+    demands: dict[str, Demand] = {}
+    for orders in legal.by_loc.values():
+        for order in orders:
+            if " S " not in order:
+                continue
+            parsed = parse_order(order)
+            if parsed.kind != SUPPORT:
+                continue
+            target = loc_of_province.get(parsed.supported_unit[2:5])
+            if target is None:
+                continue  # another power's unit: its order is not ours to check
+            wanted = parsed.supported_target[:3] if parsed.supports_move else target[:3]
+            if target not in intents:
+                intents[target] = {_intent(o) for o in legal.by_loc[target]}
+            demands[order] = (target, wanted) if wanted in intents[target] else None
+    return demands
+
+
+def contradicted_supports(legal: PowerOrders, orders: Sequence[str]) -> list[str]:
+    """The own supports in `orders` that the constraint would refuse beside the rest: their unit's order
+    in `orders` contradicts them, or no legal order of that unit could agree."""
+    demands = _support_demands(legal)
+    order_of = {legal.loc_of[o]: o for o in orders if o in legal.loc_of}
+    out = []
+    for order in orders:
+        if order not in demands:
+            continue
+        demand = demands[order]
+        if demand is None or (demand[0] in order_of and _intent(order_of[demand[0]]) != demand[1]):
+            out.append(order)
+    return out
+
+
+def _closures(legal: PowerOrders, orders: Sequence[str], demands: Mapping[str, Demand]) -> list[int]:
+    """For each order, the bitmask of orders that writing it closes: its unit's (itself included) and
+    those it contradicts (an own support and its unit's order disagreeing, or two own supports of one
+    unit asking for different things). Symmetric, so the order in which units are written is free.
+    `orders` lists each unit's orders together (the grammar's indexing)."""
+    closes: list[int] = []
+    span: dict[str, range] = {}
+    for loc in legal.locs:
+        n = sum(1 for o in legal.by_loc[loc] if demands.get(o, ("", "")) is not None)
+        span[loc] = range(len(closes), len(closes) + n)
+        closes += [((1 << n) - 1) << len(closes)] * n
+    if not demands:
+        return closes
+    index = {order: i for i, order in enumerate(orders)}
+    # Per supported own unit: its supports by what they ask (indices and bits).
+    asked: dict[str, dict[str, list[int]]] = {}
+    for order, demand in demands.items():
+        if demand is not None:
+            asked.setdefault(demand[0], {}).setdefault(demand[1], []).append(index[order])
+    for target, by_wanted in asked.items():
+        wanted_bits = {wanted: sum(1 << i for i in supports) for wanted, supports in by_wanted.items()}
+        all_supports = sum(wanted_bits.values())
+        unit = ((1 << len(span[target])) - 1) << span[target].start
+        by_intent: dict[str, int] = {}
+        for i in span[target]:
+            intent = _intent(orders[i])
+            by_intent[intent] = by_intent.get(intent, 0) | 1 << i
+            closes[i] |= all_supports & ~wanted_bits.get(intent, 0)
+        for wanted, supports in by_wanted.items():
+            clash = (unit & ~by_intent.get(wanted, 0)) | (all_supports & ~wanted_bits[wanted])
+            for i in supports:
+                closes[i] |= clash
+    return closes
 
 
 def _kmp_next(matched: int, ch: str) -> int:

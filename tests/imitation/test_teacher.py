@@ -21,14 +21,20 @@ from diprl.imitation.teacher import (
     teacher_completion,
 )
 from diprl.messages import TrainingRecord
+from diprl.policy.constraint import contradicted_supports
 from diprl.policy.prompt import build_prompt
 from diprl.policy.vocab import TokenTable
 from tests.policy.states import legal_order_sets
 
 
 def _random_orders(legal: PowerOrders, rng: random.Random) -> list[str]:
+    """Random legal orders the constraint accepts: an own support its unit's order contradicts holds instead."""
     if legal.kind in (PhaseKind.MOVEMENT, PhaseKind.RETREAT):
-        return [rng.choice(orders) for orders in legal.by_loc.values()]
+        orders = {loc: rng.choice(orders) for loc, orders in legal.by_loc.items()}
+        while contradicted := contradicted_supports(legal, list(orders.values())):
+            for order in contradicted:
+                orders[legal.loc_of[order]] = legal.default_order(legal.loc_of[order])
+        return list(orders.values())
     locs = rng.sample(list(legal.locs), rng.randint(0, legal.n_required) if legal.allows_waive else legal.n_required)
     picked = [rng.choice(legal.by_loc[loc]) for loc in locs]
     return picked + ["WAIVE"] * (legal.n_required - len(picked))
@@ -48,6 +54,13 @@ def test_completions_pass_the_constraint_for_every_phase_kind(tok: tuple[Any, To
         assert Counter(completion_orders(ids, table)) == Counter(orders)
         seen[legal.kind] += 1
     assert set(seen) == {PhaseKind.MOVEMENT, PhaseKind.RETREAT, PhaseKind.BUILD, PhaseKind.DISBAND}
+
+
+def test_a_teacher_that_supports_its_own_units_against_their_orders_is_refused_clearly() -> None:
+    france = DiplomacyGame().legal_orders("FRANCE")
+    with pytest.raises(TeacherError, match=r"support their own units against.*A PAR S A MAR - BUR"):
+        ordered_lines(france, ["A PAR S A MAR - BUR", "F BRE H", "A MAR H"])
+    assert contradicted_supports(france, ["A PAR S A MAR - BUR", "F BRE H", "A MAR - BUR"]) == []
 
 
 def test_order_lines_follow_the_provinces_or_put_moves_first_and_supports_last_with_waives_last() -> None:

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from diprl.bots import make_agent
 from diprl.game import DiplomacyGame, PhaseKind, PowerOrders
+from diprl.game.orders import parse_order
 from diprl.policy.constraint import CLOSE_TAG, ConstraintViolation, OrderConstraint, ReasoningOptions
 from diprl.policy.vocab import ORDER_ALPHABET, TokenTable
 
@@ -57,7 +59,24 @@ def check_complete(text: str, legal: PowerOrders) -> list[str]:
         assert line in legal.loc_of, f"{line!r} is not legal in {legal.phase}"
         sites.append(legal.loc_of[line])
     assert len(sites) == len(set(sites)), f"a unit or site ordered twice: {lines}"
+    assert not contradicting_own_supports(lines, legal), lines
     return lines
+
+
+def contradicting_own_supports(lines: list[str], legal: PowerOrders) -> list[str]:
+    """The supports of the power's own units that the supported unit's order contradicts."""
+    by_province = {parse_order(line).loc: parse_order(line) for line in lines if line != "WAIVE"}
+    bad = []
+    for line in lines:
+        support = parse_order(line) if line != "WAIVE" else None
+        if support is None or support.kind != "S" or support.supported_unit[2:5] not in by_province:
+            continue
+        order = by_province[support.supported_unit[2:5]]
+        moves_to = order.target_province if order.kind == "-" else None
+        wanted = support.supported_target[:3] if support.supports_move else None
+        if moves_to != wanted:
+            bad.append(line)
+    return bad
 
 
 STATES = legal_order_sets()
@@ -77,7 +96,7 @@ def test_states_cover_every_phase_kind() -> None:
 
 
 def test_every_legal_order_can_be_generated_first() -> None:
-    """Never forbid a legal order: each one is reachable through allowed tokens from the start."""
+    """Never forbid a legal order up front: each one is reachable through allowed tokens from the start."""
     legal = DiplomacyGame().legal_orders("FRANCE")
     for order in sorted(legal.loc_of):
         constraint = OrderConstraint(legal, SYNTHETIC)
@@ -116,6 +135,85 @@ def test_forbidden_continuations(prefix: str, bad: str) -> None:
     assert SYNTHETIC.texts.index(bad) not in constraint.allowed_token_ids(constraint._consumed)
     with pytest.raises(ConstraintViolation, match="not allowed"):
         constraint.advance(SYNTHETIC.texts.index(bad))
+
+
+def feed(constraint: OrderConstraint, text: str) -> None:
+    for ch in text:
+        constraint.advance(SYNTHETIC.texts.index(ch))
+
+
+def allows_line(constraint: OrderConstraint, line: str) -> bool:
+    """Whether `line` and its newline may be written next (the constraint is left where it was)."""
+    before = list(constraint._consumed)
+    try:
+        feed(constraint, line + "\n")
+    except ConstraintViolation:
+        return False
+    finally:
+        constraint.reset()
+        feed(constraint, "".join(SYNTHETIC.texts[i] or "" for i in before))
+    return True
+
+
+ITALY = DiplomacyGame().legal_orders("ITALY")  # A ROM, A VEN, F NAP
+
+
+@pytest.mark.parametrize(
+    ("written", "refused", "allowed"),
+    [
+        # A support of an own unit written after that unit's order must agree with it.
+        ("A ROM - APU\n", ["A VEN S A ROM", "F NAP S A ROM"], ["A VEN S A ROM - APU", "F NAP S A ROM - APU"]),
+        ("A VEN - TUS\n", ["A ROM S A VEN - APU", "A ROM S A VEN"], ["A ROM S A VEN - TUS", "F NAP H"]),
+        ("A ROM H\n", ["A VEN S A ROM - APU", "F NAP S A ROM - APU"], ["A VEN S A ROM", "F NAP S A ROM"]),
+        ("A ROM S A VEN - APU\n", ["A VEN S A ROM"], ["A VEN - APU", "F NAP S A ROM"]),  # a supporter stays
+        # Written first, a support decides what its unit may do, and what other own supports of it may ask.
+        ("A VEN S A ROM - APU\n", ["A ROM H", "A ROM - TUS", "F NAP S A ROM"], ["A ROM - APU", "F NAP S A ROM - APU"]),
+        ("A VEN S A ROM\n", ["A ROM - APU", "F NAP S A ROM - APU"], ["A ROM H", "A ROM S A VEN", "F NAP S A ROM"]),
+        # Another power's unit is not ours to check.
+        ("A ROM - APU\n", [], ["A VEN S F TRI", "A VEN S A VIE - TRI"]),
+    ],
+)
+def test_own_supports_agree_with_their_units_orders(written: str, refused: list[str], allowed: list[str]) -> None:
+    for line in refused + allowed:
+        assert line in ITALY.loc_of, f"{line!r} is not legal at the start: the case is wrong"
+    constraint = OrderConstraint(ITALY, SYNTHETIC)
+    feed(constraint, written)
+    assert [line for line in refused if allows_line(constraint, line)] == []
+    assert [line for line in allowed if not allows_line(constraint, line)] == []
+
+
+def test_a_support_its_unit_could_never_agree_with_is_not_offered() -> None:
+    legal = PowerOrders(
+        power="ITALY",
+        phase="S1901M",
+        kind=PhaseKind.MOVEMENT,
+        by_loc={"ROM": ("A ROM - APU", "A ROM H"), "VEN": ("A VEN H", "A VEN S A ROM - APU", "A VEN S A ROM - TUS")},
+        n_required=2,
+    )
+    constraint = OrderConstraint(legal, SYNTHETIC)
+    assert not allows_line(constraint, "A VEN S A ROM - TUS")  # ROM has no move to TUS
+    assert allows_line(constraint, "A VEN S A ROM - APU") and allows_line(constraint, "A VEN H")
+
+
+def test_dumbbot_order_sets_pass_the_constraint_in_any_order() -> None:
+    """The teacher's orders are never refused, whichever unit comes first (its supports always agree)."""
+    game = DiplomacyGame(max_year=1904)
+    bots = {power: make_agent("dumbbot", i) for i, power in enumerate(game.powers)}
+    rng = random.Random(0)
+    checked = supports = 0
+    while not game.is_done:
+        orders = {power: bots[power].orders(game, power) for power in game.orderable_powers()}
+        for power, lines in orders.items():
+            legal = game.legal_orders(power)
+            for arrangement in (sorted(lines), sorted(lines, reverse=True), rng.sample(lines, len(lines))):
+                constraint = OrderConstraint(legal, SYNTHETIC)
+                feed(constraint, "".join(line + "\n" for line in arrangement) + CLOSE_TAG)
+                constraint.advance(EOS)
+                assert constraint.done
+                checked += 1
+            supports += sum(" S " in line for line in lines)
+        game.step(orders)
+    assert checked > 100 and supports > 20, (checked, supports)
 
 
 def test_merged_tokens_across_order_boundaries_are_allowed() -> None:
