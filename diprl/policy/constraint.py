@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from diprl.game.legal import PhaseKind, PowerOrders
-from diprl.game.orders import MOVE, SUPPORT, WAIVE, parse_order
+from diprl.game.orders import MOVE, SUPPORT, WAIVE
 from diprl.policy.vocab import TokenTable
 
 OPEN_TAG = "<orders>\n"
@@ -232,10 +232,14 @@ class OrderGrammar:
 Demand = tuple[str, str] | None  # (the supported own unit's loc, the province it must end its order in)
 
 
+# The two readings below split the engine's canonical text ("A VEN S A ROM - APU": type, unit, verb, ...)
+# instead of calling `parse_order`: they run for every order of every fresh grammar, on the decode path.
+
+
 def _intent(order: str) -> str:
     """The province a unit's order leaves it in: the destination of a move, else its own."""
-    parsed = parse_order(order)
-    return parsed.target_province if parsed.kind == MOVE else parsed.loc
+    words = order.split(" ", 4)
+    return words[3][:3] if words[2] == MOVE else words[1][:3]
 
 
 def _support_demands(legal: PowerOrders) -> dict[str, Demand]:
@@ -248,15 +252,13 @@ def _support_demands(legal: PowerOrders) -> dict[str, Demand]:
     demands: dict[str, Demand] = {}
     for orders in legal.by_loc.values():
         for order in orders:
-            if " S " not in order:
+            words = order.split(" ")  # "A VEN S A ROM - APU" or "A VEN S A ROM"
+            if words[2] != SUPPORT:
                 continue
-            parsed = parse_order(order)
-            if parsed.kind != SUPPORT:
-                continue
-            target = loc_of_province.get(parsed.supported_unit[2:5])
+            target = loc_of_province.get(words[4][:3])
             if target is None:
                 continue  # another power's unit: its order is not ours to check
-            wanted = parsed.supported_target[:3] if parsed.supports_move else target[:3]
+            wanted = words[6][:3] if len(words) > 6 else target[:3]
             if target not in intents:
                 intents[target] = {_intent(o) for o in legal.by_loc[target]}
             demands[order] = (target, wanted) if wanted in intents[target] else None
