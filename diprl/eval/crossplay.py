@@ -11,12 +11,25 @@ in any suite; all pairs share one lockstep run. From the games:
   copies of a weak policy to the matrix.
 - ratings: openskill Plackett-Luce over the 7 ranks of every game (`diprl.league.ratings`; a
   policy in six seats moves once), reported as mu - 3 sigma.
+
+A training run's scheduled crossplay (`Evaluator.crossplay`, one round after each evaluation) keeps the
+first games of each pair as replays, one folder per round so that rounds never share a file, and only the
+newest rounds (`prune_replay_rounds`):
+
+    <run_dir>/eval/crossplay/rounds/<round tag>/<hero>_vs_<opponent>/game0000/replay.json (+ frames, index.html)
+
+which the web app lists beside the evaluation replays (`diprl.web.games.crossplay_replays`), so the league
+page's payoff cells and crossplay rounds link to them. `rounds/` is a folder of its own (not `replays/`):
+`python -m diprl.evaluate out=<run>/eval/crossplay` may put an evaluation's replays beside it, and pruning
+must never reach them.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from diprl.eval.suite import SuiteConfig
@@ -36,6 +49,26 @@ def crossplay_configs(refs: Sequence[str], template: SuiteConfig) -> list[SuiteC
         for b in refs
         if a != b
     ]
+
+
+def pair_replay_dir(rounds_dir: Path, tag: str, hero: str, opponent: str) -> Path:
+    """Where a round's replays of one pair go (see the module doc); refs and tag are checked by the caller."""
+    return rounds_dir / tag / f"{hero}_vs_{opponent}".replace(":", "_")
+
+
+def prune_replay_rounds(rounds_dir: Path, keep: int, current: str) -> list[str]:
+    """Delete the replays of all but the newest `keep` rounds under `rounds_dir` (by folder time, the
+    `current` round always kept); returns the deleted rounds' tags. A long run fills no disk this way."""
+    if keep < 1:
+        raise ValueError(f"keep at least the current round's replays (keep >= 1), got {keep}")
+    if not rounds_dir.is_dir():
+        return []
+    older = [d for d in rounds_dir.iterdir() if d.is_dir() and d.name != current]
+    older.sort(key=lambda d: (d.stat().st_mtime_ns, d.name), reverse=True)
+    gone = older[keep - 1 :]
+    for old in gone:
+        shutil.rmtree(old, ignore_errors=True)
+    return sorted(d.name for d in gone)
 
 
 def outrank_share(centres: Mapping[str, int], hero: str, opponents: Sequence[str]) -> float:

@@ -11,6 +11,8 @@ with their interval, solo rate and games per opponent, and where the report is);
     <run_dir>/eval/<tag>/report.json      # one suite report per pool member + a flat summary
     <run_dir>/eval/<tag>/*.png            # the suites side by side
     <run_dir>/eval/metrics.jsonl          # one line per evaluation: flat `eval/<opponent>/<metric>` values
+    <run_dir>/eval/crossplay/<tag>.json   # a scheduled crossplay round (`crossplay`)
+    <run_dir>/eval/crossplay/rounds/<tag>/<hero>_vs_<opponent>/game0000/   # its replays (newest rounds only)
 
 and pins survive a restart (kept in `<run_dir>/eval/pool.json`).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -192,29 +195,49 @@ class Evaluator:
             tag, policy_ref, str(path), tuple(opponent_result(o, r) for o, r in by_opponent.items())
         )
 
-    def crossplay(self, pairs: Sequence[Sequence[str]], games: int, tag: str) -> list[dict[str, Any]]:
+    def crossplay(
+        self, pairs: Sequence[Sequence[str]], games: int, tag: str, replays: int = 0, keep_rounds: int = 10
+    ) -> list[dict[str, Any]]:
         """Scheduled crossplay between pool members, so the league's Nash has measured pairs (issue 36).
 
         Each pair `(A, B)` plays A as hero against six seats of B for `games` games: the evaluation's
-        seeded games (game i: its seed, the hero on power i % 7), no replays, all pairs in one lockstep
-        run. Returns, per pair, the hero's outcome in every game (`outrank_share`: the share of the six
-        seats it outranks by centres, ties half, the league's payoff outcome); the same pairs and games
-        always play the same games. Kept in `<run_dir>/eval/crossplay/<tag>.json`.
+        seeded games (game i: its seed, the hero on power i % 7), all pairs in one lockstep run. Returns,
+        per pair, the hero's outcome in every game (`outrank_share`: the share of the six seats it outranks
+        by centres, ties half, the league's payoff outcome); the same pairs and games always play the same
+        games. Kept in `<run_dir>/eval/crossplay/<tag>.json`; each pair's first `replays` games are kept
+        as replays in a folder of this round's own (`diprl.eval.crossplay.pair_replay_dir`: a round played
+        again under the same tag replaces its own), and only the newest `keep_rounds` rounds' replays stay.
         """
-        from diprl.eval.crossplay import outrank_share
+        from diprl.eval.crossplay import outrank_share, pair_replay_dir, prune_replay_rounds
 
         if not isinstance(tag, str) or not _TAG.fullmatch(tag) or ".." in tag:
             raise ValueError(f"tag must be a short name of letters, digits and ._@- (no '..'), got {tag!r}")
         if games < 1:
             raise ValueError(f"crossplay needs at least one game a pair, got {games}")
-        play = replace(self.config.play, games=games, replays=0)
+        if isinstance(keep_rounds, bool) or not isinstance(keep_rounds, int) or keep_rounds < 1:
+            raise ValueError(f"crossplay keep_rounds must be an integer >= 1, got {keep_rounds!r}")
+        play = replace(self.config.play, games=games, replays=replays)  # GamesConfig checks 0 <= replays <= games
         pairs = [(check_policy_ref(a), check_policy_ref(b)) for a, b in pairs]
         if any(a == b for a, b in pairs):
             raise ValueError(f"a crossplay pair needs two policies, got {pairs}")
         if not pairs:
             return []
-        suites = [SuiteConfig(policy=a, opponents=[b], play=play, label=f"{a} vs {b}") for a, b in pairs]
+        rounds = self.root / "crossplay" / "rounds"  # only scheduled crossplay writes here: pruning is safe
+        if replays:
+            shutil.rmtree(rounds / tag, ignore_errors=True)  # this round played again: its own replays go
+        suites = [
+            SuiteConfig(
+                policy=a,
+                opponents=[b],
+                play=play,
+                label=f"{a} vs {b}",
+                replay_dir=str(pair_replay_dir(rounds, tag, a, b)) if replays else None,
+            )
+            for a, b in pairs
+        ]
         reports = run_suites(suites, self._get_client() if any(s.needs_client for s in suites) else None)
+        if replays:
+            prune_replay_rounds(rounds, keep_rounds, tag)
         results = []
         for (a, b), report in zip(pairs, reports, strict=True):
             outcomes = []

@@ -69,6 +69,8 @@ class HealthConfig:
     pin_max: int = 3  # at most this many pinned: the frozen pool stays fixed once full (evaluation cost)
     crossplay_pairs: int = 2  # pool pairs the evaluator plays after each evaluation, unmeasured first (0: none)
     crossplay_games: int = 7  # games a pair: every power once as the hero
+    crossplay_replays: int = 1  # a pair's first games kept as replays (the league page links them; 0: none)
+    crossplay_replay_rounds: int = 10  # replays of the newest rounds kept, older rounds' deleted (disk)
 
     def __post_init__(self) -> None:
         if self.every_steps < 1:
@@ -84,6 +86,14 @@ class HealthConfig:
                 raise ValueError(f"league.health.{name} must be >= 0, got {getattr(self, name)}")
         if self.crossplay_games < 1:
             raise ValueError(f"league.health.crossplay_games must be >= 1, got {self.crossplay_games}")
+        replays = self.crossplay_replays
+        if isinstance(replays, bool) or not isinstance(replays, int) or not 0 <= replays <= self.crossplay_games:
+            raise ValueError(
+                f"league.health.crossplay_replays must be between 0 and crossplay_games ({self.crossplay_games}), "
+                f"got {replays!r}"
+            )
+        if self.crossplay_replay_rounds < 1:
+            raise ValueError(f"league.health.crossplay_replay_rounds must be >= 1, got {self.crossplay_replay_rounds}")
 
 
 # ----------------------------------------------------------------------------------------- intervals

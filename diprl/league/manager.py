@@ -503,7 +503,8 @@ class LeagueManager:
         return [v for v in self.pinned if v not in self.refused]
 
     def crossplay_plan(self) -> dict[str, Any]:
-        """The next crossplay round for the evaluator: {"pairs": [[hero, opponent], ...], "games": n}.
+        """The next crossplay round for the evaluator: {"pairs": [[hero, opponent], ...], "games": n, "replays":
+        the first games of each pair kept as replays, "keep_rounds": how many rounds' replays are kept}.
 
         Pool members (anchors and snapshots; none a replica refused) whose pair has fewer games than the Nash
         needs (`league.health.nash_min_games`), fewest games first, then the newest members first; at most
@@ -522,6 +523,8 @@ class LeagueManager:
         return {
             "pairs": [[self.members[a].ref, self.members[b].ref] for _, _, _, a, b in chosen],
             "games": h.crossplay_games,
+            "replays": h.crossplay_replays,
+            "keep_rounds": h.crossplay_replay_rounds,
         }
 
     def report_crossplay(self, tag: str, results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

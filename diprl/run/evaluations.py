@@ -22,8 +22,9 @@ evaluator (`Evaluator.pin`), so main meets its own past on the same seeded games
 
 Scheduled crossplay: after each evaluation, when the evaluator is free, one round of pool pairs the league's
 Nash lacks games for (`LeagueManager.crossplay_plan`, `league.health.crossplay_pairs` pairs of
-`crossplay_games` seeded games) is played by the evaluator (`Evaluator.crossplay`) and goes into the payoff
-(`report_crossplay`, once per round); a `league` record (`league/crossplay`) says which pairs and how each hero fared.
+`crossplay_games` seeded games) is played by the evaluator (`Evaluator.crossplay`, keeping each pair's first
+`crossplay_replays` games as replays for the league page) and goes into the payoff (`report_crossplay`, once
+per round); a `league` record (`league/crossplay`) says which pairs and how each hero fared.
 
 A version a replica refused by its canary is not evaluated: the league's stand-in for it (the newest
 earlier version whose canary a replica passed, else the role's first, `LeagueManager.verified`) is, and
@@ -98,7 +99,10 @@ class EvalSchedule:
         plan = ray.get(self.league.crossplay_plan.remote())
         if plan["pairs"]:
             tag = f"crossplay-step{step}"
-            self.crossplaying[self.evaluator.crossplay.remote(plan["pairs"], plan["games"], tag)] = (tag, step)
+            ref = self.evaluator.crossplay.remote(
+                plan["pairs"], plan["games"], tag, plan["replays"], plan["keep_rounds"]
+            )
+            self.crossplaying[ref] = (tag, step)
 
     def _submit(self, version: str, step: int, attempt: int) -> Any:
         if self.league is not None:

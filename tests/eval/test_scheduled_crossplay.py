@@ -21,11 +21,10 @@ ONLY_ANCHORS = MainRoleConfig(self_play=0.0, pfsp=1.0, verification=0.0, anchors
 GAMES = GamesConfig(games=2, max_year=1901)
 
 
-def _league(tmp_path: Path, pairs: int = 2) -> LeagueManager:
+def _league(tmp_path: Path, pairs: int = 2, **health: int) -> LeagueManager:
     """Main has played every anchor; no two anchors ever met, so the Nash leaves all but one out."""
-    config = LeagueConfig(
-        anchors=ANCHORS, main=ONLY_ANCHORS, decay=1.0, health=HealthConfig(crossplay_pairs=pairs, crossplay_games=7)
-    )
+    health = {"crossplay_pairs": pairs, "crossplay_games": 7} | health
+    config = LeagueConfig(anchors=ANCHORS, main=ONLY_ANCHORS, decay=1.0, health=HealthConfig(**health))
     league = LeagueManager(config, tmp_path)
     league.register_version("main", "main@v1", 0)
     for _ in range(30):
@@ -130,3 +129,68 @@ def test_after_an_evaluation_the_schedule_plays_a_crossplay_round_into_the_payof
     assert record["kind"] == "league" and record["league/crossplay_games"] == 14
     assert [[p["hero"], p["opponent"]] for p in record["league/crossplay"]] == played
     assert record["league/crossplay_tag"] == "crossplay-step0"
+
+
+def test_a_round_keeps_each_pairs_first_games_as_replays_in_a_folder_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rounds scheduled as in a run (one after each evaluation, one pair a round): each pair's first game is
+    a replay where the league page's listing finds it; a later round writes beside it, never over it, and
+    only the newest `crossplay_replay_rounds` rounds' replays stay."""
+    from diprl.run.config import EvalScheduleConfig
+    from diprl.run.evaluations import EvalSchedule
+    from diprl.run.journal import Journal
+    from diprl.run.progress import RunStats
+    from diprl.run.rundir import Counters
+    from diprl.tracking import Tracker
+    from diprl.web.games import games_between, run_games
+
+    use_stand_in_ray(monkeypatch)
+    league = _league(tmp_path, pairs=1, crossplay_games=2, crossplay_replays=1, crossplay_replay_rounds=2)
+    evaluator = QuickEvaluator(EvaluatorConfig(pool=["bot:random"], plots=False, play=GAMES), tmp_path)
+    tracker = Tracker(tmp_path, {}, use_wandb=False)
+    schedule = EvalScheduleConfig(every_steps=1, at_start=False)
+    evals = EvalSchedule(
+        Actor(evaluator), schedule, Journal(tmp_path, tracker, RunStats()), Counters(), league=Actor(league)
+    )
+    evals.start("main@v1", 0)
+    rounds = tmp_path / "eval" / "crossplay" / "rounds"
+    played: list[tuple[str, str, Path]] = []
+    for step in (1, 2, 3):
+        (hero, opponent), *_ = league.crossplay_plan()["pairs"]
+        evals.on_step(f"main@v{step}", step)
+        for _ in range(2):  # the evaluation, then the crossplay round it made due
+            evals.fill(stopping=False)
+            (ref,) = evals.refs()
+            evals.handle(ref)
+        pair = rounds / f"crossplay-step{step}" / f"{hero}_vs_{opponent}".replace(":", "_")
+        assert sorted(p.name for p in pair.iterdir()) == ["game0000"]  # the first of the pair's 2 games
+        assert {"replay.json", "index.html", "frames"} <= {p.name for p in (pair / "game0000").iterdir()}
+        played.append((hero, opponent, pair / "game0000" / "replay.json"))
+        first = played[0][2]
+        if step == 1:
+            kept, kept_at = first.read_bytes(), first.stat().st_mtime_ns
+        if step == 2:  # the first round's replay is still there, untouched, beside the second's
+            assert first.read_bytes() == kept and first.stat().st_mtime_ns == kept_at
+            assert sorted(p.name for p in rounds.iterdir()) == ["crossplay-step1", "crossplay-step2"]
+    tracker.close()
+    assert len({(h, o) for h, o, _ in played}) == 3  # each round measured another pair
+    assert sorted(p.name for p in rounds.iterdir()) == ["crossplay-step2", "crossplay-step3"]  # the newest 2 kept
+    listing = run_games(tmp_path.name, tmp_path)
+    for hero, opponent, replay in played[1:]:  # what the league page links a payoff cell to
+        (game,) = games_between(listing, hero, opponent)
+        assert game.path == replay and game.id.startswith("crossplay/crossplay-step")
+    assert not games_between(listing, played[0][0], played[0][1])  # pruned with its round
+
+
+def test_crossplay_replays_are_checked_like_an_evaluations(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="crossplay_replays must be between 0 and crossplay_games"):
+        HealthConfig(crossplay_games=2, crossplay_replays=3)
+    with pytest.raises(ValueError, match="crossplay_replay_rounds must be >= 1"):
+        HealthConfig(crossplay_replay_rounds=0)
+    evaluator = Evaluator(EvaluatorConfig(pool=["bot:random"], plots=False, play=GAMES), tmp_path)
+    with pytest.raises(ValueError, match="replays must be between 0 and games"):
+        evaluator.crossplay([["bot:hold", "bot:random"]], 1, "r", replays=2)
+    with pytest.raises(ValueError, match="keep_rounds"):
+        evaluator.crossplay([["bot:hold", "bot:random"]], 1, "r", replays=1, keep_rounds=0)
+    assert not (tmp_path / "eval" / "crossplay" / "rounds").exists()

@@ -56,7 +56,9 @@ class PlantedEvaluator(Evaluator):
                      for o in self.pool()]  # fmt: skip
         return EvaluationResult(tag, policy_ref, str(report), tuple(opponents))
 
-    def crossplay(self, pairs: Sequence[Sequence[str]], games: int, tag: str) -> list[dict[str, Any]]:
+    def crossplay(
+        self, pairs: Sequence[Sequence[str]], games: int, tag: str, replays: int = 0, keep_rounds: int = 10
+    ) -> list[dict[str, Any]]:
         return [{"hero": a, "opponent": b, "games": games, "outcomes": [1.0] * games} for a, b in pairs]
 
 
