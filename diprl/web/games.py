@@ -1,6 +1,7 @@
 """Games the web app can show: evaluation replays, training traces and games played in the browser.
 
     <run>/eval/<tag>/replays/<opponent>/game0003/replay.json   (+ frames/*.svg, index.html)  evaluation
+    <run>/eval/crossplay/rounds/<round>/<a>_vs_<b>/game0000/replay.json   (the same)       scheduled crossplay
     <run>/traces/<match_id>.json                                                              training trace
     <runs>/play/<game_id>/replay.json  (+ game.json: seats, the person's power, status)       played here
 
@@ -19,9 +20,10 @@ them); seats come from each game's own file (a trace's match, a replay's viewer 
 metadata), read once per file version.
 
 Games are named by ids made from their place in a listing (`eval/step3/bot_random/game0000`,
-`trace/main-12`, `play/<id>`), and an id is resolved by listing again: no path is ever built from a
-request. Boards are the engine's own SVG: an evaluation replay's pre-rendered frame when it has one,
-otherwise rendered here (about 0.1 s a phase) and kept in a small cache.
+`crossplay/crossplay-step4/main@v3_vs_bot_dumbbot/game0000`, `trace/main-12`, `play/<id>`), and an id
+is resolved by listing again: no path is ever built from a request. Boards are the engine's own SVG: an
+evaluation replay's pre-rendered frame when it has one, otherwise rendered here (about 0.1 s a phase) and
+kept in a small cache.
 """
 
 from __future__ import annotations
@@ -92,6 +94,18 @@ def eval_replays(run: str, run_dir: Path) -> Iterator[GameEntry]:
         yield GameEntry("eval", gid, path, f"evaluation {tag}: {'/'.join(rest)}", _mtime(path), run)
 
 
+def crossplay_replays(run: str, run_dir: Path) -> Iterator[GameEntry]:
+    """The replays a training run's scheduled crossplay kept (`Evaluator.crossplay`): evaluation replays
+    in all but place, one folder per round."""
+    rounds_dir = run_dir / "eval" / "crossplay" / "rounds"
+    if not rounds_dir.is_dir():
+        return
+    for path in sorted(rounds_dir.glob("*/*/*/replay.json")):
+        tag, pair, game = path.parent.relative_to(rounds_dir).parts
+        gid = f"crossplay/{tag}/{pair}/{game}"
+        yield GameEntry("eval", gid, path, f"crossplay {tag}: {pair.replace('_vs_', ' vs ')} {game}", _mtime(path), run)
+
+
 def traces(run: str, run_dir: Path) -> Iterator[GameEntry]:
     trace_dir = run_dir / "traces"
     if not trace_dir.is_dir():
@@ -120,11 +134,16 @@ def read_play_meta(game_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def run_games(run: str, run_dir: Path) -> list[GameEntry]:
+    """The games one run kept: evaluation replays, scheduled crossplay's replays, training traces."""
+    return [*eval_replays(run, run_dir), *crossplay_replays(run, run_dir), *traces(run, run_dir)]
+
+
 def list_games(runs_dir: Path, run: str | None, run_dir: Path | None) -> list[GameEntry]:
-    """The games of one run (evaluation replays, traces) and every game played in the browser."""
+    """The games of one run (evaluation and crossplay replays, traces) and every game played in the browser."""
     games: list[GameEntry] = []
     if run is not None and run_dir is not None:
-        games += list(eval_replays(run, run_dir)) + list(traces(run, run_dir))
+        games += run_games(run, run_dir)
     games += list(played_games(runs_dir))
     return games
 

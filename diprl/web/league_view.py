@@ -10,7 +10,8 @@ over time (exploitability, Nash, relative population performance, ratings, the f
 crossplay, rollbacks, refused versions) comes from `metrics.jsonl` (`diprl.web.league_health`), as do
 snapshots over time (one `league` record per published version: snapshot or not, reset or not, the win
 rate the snapshot rule saw). Each figure links to the games behind it that the run kept (training
-traces, evaluation replays: `games_between`). Crossplay evaluations of the run (`python -m
+traces, evaluation replays, scheduled crossplay's replays: `games_between`); each scheduled crossplay round
+links to the replays it kept of each pair. Crossplay evaluations of the run (`python -m
 diprl.evaluate crossplay=[...] out=<run>/eval/<tag>`: every policy as hero against six of every other)
 are read from `eval/<tag>/report.json`: their measured payoff and Nash weights.
 """
@@ -162,9 +163,10 @@ def league_view(run_dir: Path) -> dict[str, Any]:
 def game_links(run_dir: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
     """The kept games behind each figure, as links the page writes `/games?member=<m>&vs=<v>` (see
     `games_between`): `{"all": n, "pairs": {"a|b": link}, "exploits": {target: link}, "pins": {version:
-    link}, "charts": {chart key: [link]}}`, a link being `{"text", "member", "vs", "count"}`; only links
-    with games are given."""
-    listing = [*games_mod.eval_replays(run_dir.name, run_dir), *games_mod.traces(run_dir.name, run_dir)]
+    link}, "charts": {chart key: [link]}, "rounds": {crossplay tag: {"hero|opponent": [game]}}}`, a link
+    being `{"text", "member", "vs", "count"}` and a game `{"id", "title"}` (the page opens it at
+    `/games/view?id=`); only links with games are given."""
+    listing = games_mod.run_games(run_dir.name, run_dir)
 
     def link(text: str, member: str | None = None, vs: str | None = None) -> dict[str, Any] | None:
         count = len(listing if member is None else games_mod.games_between(listing, member, vs))
@@ -199,7 +201,25 @@ def game_links(run_dir: Path, summary: Mapping[str, Any]) -> dict[str, Any]:
         "exploits": {k: v for k, v in exploits.items() if v},
         "pins": {k: v for k, v in pins.items() if v},
         "charts": {k: [x for x in v if x] for k, v in charts.items()},
+        "rounds": round_games(listing, health.get("crossplay") or []),
     }
+
+
+def round_games(
+    listing: list[games_mod.GameEntry], rounds: list[dict[str, Any]]
+) -> dict[str, dict[str, list[dict[str, str]]]]:
+    """The replays each scheduled crossplay round kept of each of its pairs (older rounds' are pruned: none)."""
+    out: dict[str, dict[str, list[dict[str, str]]]] = {}
+    for r in rounds:
+        tag = str(r.get("tag"))
+        kept = [g for g in listing if g.id.startswith(f"crossplay/{tag}/")]
+        for pair in r.get("pairs") or []:
+            found = games_mod.games_between(kept, pair["hero"], pair["opponent"]) if kept else []
+            if found:
+                out.setdefault(tag, {})[f"{pair['hero']}|{pair['opponent']}"] = [
+                    {"id": g.id, "title": g.title} for g in found
+                ]
+    return out
 
 
 def _policy_of(ref: str) -> str:
