@@ -105,7 +105,7 @@ class PolicyServer:
         if refused is not None:
             return refused
         names = [BASE] + [
-            ref.name for policy in self.engine.store.policies() for ref in self.engine.store.versions(policy)
+            str(ref) for policy in self.engine.store.policies() for ref in self.engine.store.versions(policy)
         ]
         return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "diprl"} for n in names]}
 

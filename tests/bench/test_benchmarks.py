@@ -175,7 +175,7 @@ def test_the_warm_start_is_evaluated_once_for_its_games_and_paired_with_a_runs_l
 
     monkeypatch.setattr(diprl.evaluate, "run", evaluate)
     imitation = tmp_path / "imitation"
-    version = AdapterStore(imitation / "adapters").publish("imitation", make_lora_dir(tmp_path, seed=1)).name
+    version = str(AdapterStore(imitation / "adapters").publish("imitation", make_lora_dir(tmp_path, seed=1)))
     (imitation / REPORT).write_text(json.dumps({"version": version, "model": "tiny_wide"}))
     play = GamesConfig(games=112, max_year=1906, seed=12345, temperature=0.0)
     before = warm_start_evaluation(imitation, "tiny_wide", play)

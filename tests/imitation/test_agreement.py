@@ -119,7 +119,7 @@ def test_the_greedy_decode_is_what_the_policy_server_writes_at_temperature_zero(
     _, table = tok
     preset = load_preset("tiny")
     store = AdapterStore(tmp_path / "adapters")
-    version = store.publish("greedy", random_lora_model(seed=5), base_model=base_model_name(preset)).name
+    version = str(store.publish("greedy", random_lora_model(seed=5), base_model=base_model_name(preset)))
     model = build_peft_model(preset, LearnerConfig(), store.resolve(version).path)
     examples = _mixed(data)
     local = greedy_completions(model, examples, table, pad_id=0)

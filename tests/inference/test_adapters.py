@@ -22,7 +22,6 @@ from diprl.inference.adapters import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
     AdapterError,
-    AdapterRef,
     AdapterStore,
     CorruptAdapter,
     IncompatibleAdapter,
@@ -34,7 +33,7 @@ from diprl.inference.adapters import (
 )
 from diprl.inference.adapters import store as store_module
 from diprl.inference.adapters.manifest import version_from_manifest
-from diprl.messages import BASE_REF, PolicyRef
+from diprl.messages import BASE_REF, PolicyRef, UnknownPolicyRef
 from diprl.policy.models import QWEN3_LINEAR_MODULES
 
 from .lora_fixtures import load_tiny_base, make_lora_dir, make_lora_model, tiny_base_path
@@ -120,12 +119,12 @@ def test_invalid_names_are_rejected_with_a_description_of_valid_ones(name: str) 
 def test_non_string_names_and_hand_built_refs_are_validated_too() -> None:
     with pytest.raises(InvalidAdapterName):
         model_ref(None)
-    with pytest.raises(InvalidAdapterName):
-        AdapterRef("../etc", 1)
-    with pytest.raises(InvalidAdapterName):
-        AdapterRef("p", 0)
-    with pytest.raises(InvalidAdapterName):
-        AdapterRef("p", True)
+    with pytest.raises(UnknownPolicyRef):
+        PolicyRef.adapter("../etc", 1)
+    with pytest.raises(UnknownPolicyRef):
+        PolicyRef.adapter("p", 0)
+    with pytest.raises(UnknownPolicyRef):
+        PolicyRef.adapter("p", True)  # type: ignore[arg-type]
     assert issubclass(InvalidAdapterName, ValueError)
 
 
@@ -146,8 +145,8 @@ def test_publish_twice_gives_v1_and_v2_in_distinct_immutable_dirs(tmp_path: Path
     v1 = store.resolve("main@v1")
     before = file_hashes(v1.path)
     r2 = store.publish("main", loras["b"])
-    assert (r1.name, r2.name) == ("main@v1", "main@v2")
-    v2 = store.resolve(r2.name)
+    assert (str(r1), str(r2)) == ("main@v1", "main@v2")
+    v2 = store.resolve(str(r2))
     assert v1.path != v2.path and v1.path.name == "v1" and v2.path.name == "v2"
     assert file_hashes(v1.path) == before  # publishing never touches older versions
     assert sorted(p.name for p in v1.path.iterdir()) == sorted([*adapters.ADAPTER_FILES, MANIFEST_FILE])
@@ -168,8 +167,8 @@ def test_publish_twice_gives_v1_and_v2_in_distinct_immutable_dirs(tmp_path: Path
 def test_publish_from_a_peft_model_object(tmp_path: Path) -> None:
     store = AdapterStore(tmp_path)
     ref = store.publish("obj", make_lora_model(seed=5))
-    version = store.resolve(ref.name)
-    assert ref.name == "obj@v1"
+    version = store.resolve(str(ref))
+    assert str(ref) == "obj@v1"
     assert version.base_model == str(tiny_base_path())
     assert [p.name for p in (tmp_path / "obj").iterdir()] == ["v1"]  # no save_pretrained leftovers
 
@@ -199,8 +198,8 @@ def test_a_crash_before_the_rename_leaves_no_version(
     assert store.versions("p") == [] and store.policies() == []
     with pytest.raises(UnknownAdapter, match="none"):
         store.resolve("p@v1")
-    assert store.publish("p", loras["a"]).name == "p@v1"
-    assert store.versions("p") == [AdapterRef("p", 1)]
+    assert str(store.publish("p", loras["a"])) == "p@v1"
+    assert store.versions("p") == [PolicyRef.adapter("p", 1)]
 
 
 def test_a_crash_after_the_rename_leaves_a_complete_version_and_a_stale_index(
@@ -222,7 +221,7 @@ def test_a_crash_after_the_rename_leaves_a_complete_version_and_a_stale_index(
 def test_concurrent_publishers_get_distinct_consecutive_versions(tmp_path: Path, loras: dict[str, Path]) -> None:
     store = AdapterStore(tmp_path)
     start = threading.Barrier(8)
-    results: list[AdapterRef] = []
+    results: list[PolicyRef] = []
     errors: list[BaseException] = []
 
     def publish(i: int) -> None:
@@ -240,7 +239,7 @@ def test_concurrent_publishers_get_distinct_consecutive_versions(tmp_path: Path,
     assert errors == []
     assert sorted(r.version for r in results) == list(range(1, 9))
     for ref in results:
-        assert store.resolve(ref.name).ref == ref  # each manifest names its own directory
+        assert store.resolve(str(ref)).ref == ref  # each manifest names its own directory
     assert json.loads((tmp_path / "index.json").read_text())["policies"] == {"race": list(range(1, 9))}
     assert [p.name for p in (tmp_path / "race").iterdir() if p.name.startswith(".tmp-")] == []
 
@@ -262,7 +261,7 @@ def test_losing_the_rename_race_retries_with_the_next_number(
 
     monkeypatch.setattr(store_module, "version_numbers", numbers)
     ref = store.publish("p", loras["b"])
-    assert ref.name == "p@v2" and scans >= 2
+    assert str(ref) == "p@v2" and scans >= 2
     monkeypatch.undo()
     assert store.resolve("p@v2").fingerprint != store.resolve("p@v1").fingerprint
     assert (store.resolve("p@v1").path / WEIGHTS_FILE).read_bytes() == (loras["a"] / WEIGHTS_FILE).read_bytes()
@@ -275,9 +274,9 @@ def test_stray_entries_neither_list_nor_exhaust_version_numbers(tmp_path: Path, 
     (tmp_path / "p" / "v2").mkdir()
     (tmp_path / "p" / "v2" / "junk").write_text("x")  # non-empty, no manifest: not a version, not overwritten
     (tmp_path / "p" / "v3").write_text("a stray file")
-    assert store.publish("p", loras["a"]).name == "p@v1"
-    assert store.publish("p", loras["b"]).name == "p@v4"  # v2 and v3 are taken by strays: skipped
-    assert store.versions("p") == [AdapterRef("p", 1), AdapterRef("p", 4)]
+    assert str(store.publish("p", loras["a"])) == "p@v1"
+    assert str(store.publish("p", loras["b"])) == "p@v4"  # v2 and v3 are taken by strays: skipped
+    assert store.versions("p") == [PolicyRef.adapter("p", 1), PolicyRef.adapter("p", 4)]
     assert (tmp_path / "p" / "v2" / "junk").read_text() == "x"
 
 
@@ -354,7 +353,7 @@ def test_truncated_weights_are_reported_naming_the_file_even_without_hashing(
     tmp_path: Path, loras: dict[str, Path]
 ) -> None:
     store = AdapterStore(tmp_path)
-    version = store.resolve(store.publish("p", loras["a"]).name)
+    version = store.resolve(str(store.publish("p", loras["a"])))
     weights = writable(version.path / WEIGHTS_FILE)
     os.truncate(weights, weights.stat().st_size - 10)
     with pytest.raises(CorruptAdapter, match=rf"p@v1: {weights}.*bytes, its manifest says"):
@@ -404,7 +403,7 @@ def test_symlinks_anywhere_in_the_store_are_refused(tmp_path: Path, loras: dict[
     (tmp_path / "store" / "q" / "v2").symlink_to(tmp_path / "outside" / "p" / "v1")
     with pytest.raises(UnknownAdapter, match="symlinks in the store are refused"):
         store.resolve("q@v2")
-    assert store.versions("q") == [AdapterRef("q", 1)]
+    assert store.versions("q") == [PolicyRef.adapter("q", 1)]
     v1 = tmp_path / "store" / "q" / "v1"
     v1.chmod(0o755)
     (v1 / WEIGHTS_FILE).unlink()
@@ -486,7 +485,7 @@ def test_a_store_made_before_keyed_pins_keeps_serving_and_a_keyed_one_needs_the_
     monkeypatch.setenv("DIPRL_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "store"
     store = AdapterStore(root)
-    version = store.resolve(store.publish("p", loras["a"]).name)
+    version = store.resolve(str(store.publish("p", loras["a"])))
     monkeypatch.setenv("DIPRL_CACHE_DIR", str(tmp_path / "another-machine"))
     with pytest.raises(CorruptAdapter, match="no pin key"):
         store.resolve("p@v1")
@@ -495,7 +494,7 @@ def test_a_store_made_before_keyed_pins_keeps_serving_and_a_keyed_one_needs_the_
     (old / ".pins" / "p@v1").write_text(version.fingerprint + "\n")
     old_store = AdapterStore(old)
     assert old_store.resolve("p@v1").fingerprint == version.fingerprint
-    assert old_store.resolve(old_store.publish("p", loras["b"]).name).name == "p@v2"
+    assert old_store.resolve(str(old_store.publish("p", loras["b"]))).name == "p@v2"
     assert (old / ".pins" / "p@v2").read_text().strip() != ""  # published as the old store's pins are: plain
     assert not (old / ".pins" / "p@v2").read_text().startswith("hmac-sha256:")
 
@@ -513,7 +512,7 @@ def test_a_publish_that_crashed_after_pinning_leaves_a_pin_the_next_publish_repl
         store.publish("p", loras["a"])
     monkeypatch.undo()
     assert (tmp_path / ".pins" / "p@v1").is_file()  # pinned, then killed before the claim
-    assert store.publish("p", loras["b"]).name == "p@v1"
+    assert str(store.publish("p", loras["b"])) == "p@v1"
     assert (store.resolve("p@v1").path / WEIGHTS_FILE).read_bytes() == (loras["b"] / WEIGHTS_FILE).read_bytes()
 
 
@@ -523,8 +522,8 @@ def test_a_publish_that_crashed_after_pinning_leaves_a_pin_the_next_publish_repl
 def test_incompatible_rank_base_and_modules(tmp_path: Path, loras: dict[str, Path]) -> None:
     store = AdapterStore(tmp_path)
     base = str(tiny_base_path())
-    r16 = store.resolve(store.publish("big", loras["r16"]).name)
-    r8 = store.resolve(store.publish("small", loras["a"]).name)
+    r16 = store.resolve(str(store.publish("big", loras["r16"])))
+    r8 = store.resolve(str(store.publish("small", loras["a"])))
     assert r16.rank == 16
     with pytest.raises(IncompatibleAdapter, match="rank 16 exceeds the server's max LoRA rank 8"):
         check_compatible(r16, max_rank=8)
@@ -537,7 +536,7 @@ def test_incompatible_rank_base_and_modules(tmp_path: Path, loras: dict[str, Pat
     unknown_base = _copy(loras["a"], tmp_path / "nobase")
     config = json.loads((unknown_base / "adapter_config.json").read_text())
     (unknown_base / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}))
-    anonymous = store.resolve(store.publish("anon", unknown_base).name)
+    anonymous = store.resolve(str(store.publish("anon", unknown_base)))
     with pytest.raises(IncompatibleAdapter, match="records no base model"):
         check_compatible(anonymous, max_rank=8, base_model=base)
     assert issubclass(IncompatibleAdapter, AdapterError)
@@ -562,7 +561,7 @@ def test_a_resolved_version_loads_into_peft_with_the_same_logits(tmp_path: Path)
     in_memory = make_lora_model(seed=11)
     store = AdapterStore(tmp_path / "store")
     ref = store.publish("p", in_memory)
-    version = store.resolve(ref.name)
+    version = store.resolve(str(ref))
     loaded = PeftModel.from_pretrained(load_tiny_base(), str(version.path)).eval()
     from diprl.policy.tokenizer import load_tokenizer
 
@@ -652,10 +651,10 @@ def test_a_server_refuses_an_adapter_of_another_base_model_or_shape(tmp_path: Pa
     foreign = _copy(loras["a"], tmp_path / "foreign")
     config = json.loads((foreign / "adapter_config.json").read_text())
     (foreign / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "Qwen/Qwen3-8B"}))
-    version = store.resolve(store.publish("f", foreign).name)  # the learner's machine cannot check an 8B shape
+    version = store.resolve(str(store.publish("f", foreign)))  # the learner's machine cannot check an 8B shape
     with pytest.raises(IncompatibleAdapter, match="trained on base model 'Qwen/Qwen3-8B'"):
         check_compatible(version, max_rank=8, base_model=base)
-    check_compatible(store.resolve(store.publish("ok", loras["a"]).name), max_rank=8, base_model=base)
+    check_compatible(store.resolve(str(store.publish("ok", loras["a"]))), max_rank=8, base_model=base)
 
 
 # ---- non-finite weights and retention ---------------------------------------------------------
@@ -681,11 +680,11 @@ def test_publish_refuses_non_finite_weights_and_writes_nothing(
     bad = _rewrite_weights(loras["a"], tmp_path / "bad", poison)
     with pytest.raises(CorruptAdapter, match=r"q_proj.lora_B.weight.* 1 non-finite values"):
         store.publish("p", bad)
-    assert [r.name for r in store.versions("p")] == ["p@v1"]
+    assert [str(r) for r in store.versions("p")] == ["p@v1"]
     assert sorted(p.name for p in (tmp_path / "store" / "p").iterdir()) == ["v1"]  # no temp left behind
     assert json.loads((tmp_path / "store" / "index.json").read_text())["policies"] == {"p": [1]}
     store.publish("p", loras["b"])  # the next good one takes the next number
-    assert store.latest("p") == AdapterRef("p", 2)
+    assert store.latest("p") == PolicyRef.adapter("p", 2)
 
 
 def test_prune_keeps_named_versions_and_the_newest_and_removes_the_rest(tmp_path: Path, loras: dict[str, Path]) -> None:
@@ -697,9 +696,9 @@ def test_prune_keeps_named_versions_and_the_newest_and_removes_the_rest(tmp_path
 
     removed = store.prune("p", keep={"p@v2", "q@v1", "bot:random", "base", "p@v99", "not a ref"}, keep_last=2)
 
-    assert [r.name for r in removed] == ["p@v1", "p@v3", "p@v4"]
-    assert [r.name for r in store.versions("p")] == ["p@v2", "p@v5", "p@v6"]
-    assert [r.name for r in store.versions("q")] == ["q@v1"]
+    assert [str(r) for r in removed] == ["p@v1", "p@v3", "p@v4"]
+    assert [str(r) for r in store.versions("p")] == ["p@v2", "p@v5", "p@v6"]
+    assert [str(r) for r in store.versions("q")] == ["q@v1"]
     assert sorted(p.name for p in (tmp_path / "store" / "p").iterdir()) == ["v2", "v5", "v6"]
     assert json.loads((tmp_path / "store" / "index.json").read_text())["policies"] == {"p": [2, 5, 6], "q": [1]}
     with pytest.raises(UnknownAdapter, match="versions of 'p': p@v2, p@v5, p@v6"):
@@ -707,14 +706,14 @@ def test_prune_keeps_named_versions_and_the_newest_and_removes_the_rest(tmp_path
     assert reader.read() == (loras["a"] / WEIGHTS_FILE).read_bytes()  # an open file survives its removal
     reader.close()
     store.resolve("p@v2")
-    assert store.publish("p", loras["b"]) == AdapterRef("p", 7)  # numbers are never reused
-    assert store.prune("p", keep_last=3) == [AdapterRef("p", 2)]
+    assert store.publish("p", loras["b"]) == PolicyRef.adapter("p", 7)  # numbers are never reused
+    assert store.prune("p", keep_last=3) == [PolicyRef.adapter("p", 2)]
     for bad_keep_last in (0, -1, True):
         with pytest.raises(ValueError, match="keep_last"):
             store.prune("p", keep_last=bad_keep_last)
     with pytest.raises(InvalidAdapterName):
         store.prune("../p")
-    assert [r.name for r in store.versions("p")] == ["p@v5", "p@v6", "p@v7"]
+    assert [str(r) for r in store.versions("p")] == ["p@v5", "p@v6", "p@v7"]
 
 
 def _modes(root: Path) -> dict[str, int]:
@@ -750,4 +749,4 @@ def test_published_and_copied_adapters_are_readable_by_their_owner_only(tmp_path
     assert store.resolve("p@v2").path.is_dir()
     assert (private / WEIGHTS_FILE).read_bytes() == (loras["a"] / WEIGHTS_FILE).read_bytes()
     copies.close()
-    assert store.prune("p", keep_last=1) == [AdapterRef("p", 1)]
+    assert store.prune("p", keep_last=1) == [PolicyRef.adapter("p", 1)]

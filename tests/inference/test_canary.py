@@ -103,13 +103,13 @@ def test_a_canary_is_a_fingerprinted_file_of_its_version(tmp_path: Path, lora: P
     store = AdapterStore(tmp_path / "store")
     canary = make_canary().to_bytes()
     ref = store.publish("p", lora, canary=canary)
-    version = store.resolve(ref.name)
+    version = store.resolve(str(ref))
     assert version.canary_file is not None and version.canary_file.sha256 == hashlib.sha256(canary).hexdigest()
     assert (version.path / CANARY_FILE).read_bytes() == canary
     # it travels into the private copy vLLM reads
     private = PrivateCopies(tmp_path / "private")
     assert (private.acquire(version) / CANARY_FILE).read_bytes() == canary
-    assert store.resolve(store.publish("q", lora).name).canary_file is None
+    assert store.resolve(str(store.publish("q", lora))).canary_file is None
 
 
 def test_a_tampered_canary_is_refused_by_the_fingerprint(tmp_path: Path, lora: Path) -> None:
@@ -139,7 +139,7 @@ def test_a_corrupt_canary_is_refused_at_publish_and_claims_no_number(tmp_path: P
     with pytest.raises(CorruptCanary, match=r"publishing p from .*canary\.json is invalid"):
         store.publish("p", lora, canary=b'{"format": 1, "items": []}')
     assert store.versions("p") == []
-    assert store.publish("p", lora).name == "p@v1"
+    assert str(store.publish("p", lora)) == "p@v1"
 
 
 def test_the_canary_set_is_one_unit_of_a_few_powers_on_their_whole_opening_prompt() -> None:

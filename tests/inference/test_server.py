@@ -52,7 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         f"{policy}@v1": make_lora_dir(root / policy, seed=seed) for policy, seed in (("alpha", 1), ("beta", 2))
     }
     for name, path in lora_dirs.items():
-        assert store.publish(name.split("@")[0], path).name == name
+        assert str(store.publish(name.split("@")[0], path)) == name
     port = free_port()
     connect(address="local", num_cpus=4)
     config = ServerConfig(
@@ -141,7 +141,7 @@ def test_publishing_while_requests_flow_fails_nothing_and_the_new_version_is_ser
     thread.join(timeout=600)
     assert errors == [] and len(results) == 9
     assert all(r.error is None and r.complete for r in results)
-    request = _requests([ref.name])[0]
+    request = _requests([str(ref)])[0]
     [fresh] = server.generate([request])
     assert fresh.error is None and fresh.complete
     expected = _reference_logprobs(fresh, request, lora_v2)
@@ -167,13 +167,13 @@ def test_bad_policy_names_fail_alone_with_a_clear_error(server: Server, policy: 
 
 def test_corrupt_adapter_and_malformed_requests_fail_alone(server: Server, tmp_path: Path) -> None:
     ref = server.store.publish("gamma", make_lora_dir(tmp_path / "gamma", seed=3))
-    weights = server.store.resolve(ref.name).path / "adapter_model.safetensors"
+    weights = server.store.resolve(str(ref)).path / "adapter_model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])  # truncated on disk after publishing
     good = _requests(["base"])[0]
     bad_legal = dict(good, legal={"power": "FRANCE", "kind": "movement"})
     results = server.generate(
-        [_requests([ref.name])[0], bad_legal, dict(good, prompt=""), dict(good, temperature=-1), good]
+        [_requests([str(ref)])[0], bad_legal, dict(good, prompt=""), dict(good, temperature=-1), good]
     )
     assert "CorruptAdapter" in results[0].error and "adapter_model.safetensors" in results[0].error
     assert "'legal' must have exactly the keys" in results[1].error
@@ -215,10 +215,10 @@ def test_adapters_beyond_the_lru_are_unloaded(server: Server, tmp_path: Path) ->
     ref = server.store.publish("delta", make_lora_dir(tmp_path / "delta", seed=5))
     before = server.handle.status.remote().result(timeout_s=60)
     assert all(r.error is None for r in server.generate(_requests(["alpha@v1", "beta@v1", "base"])))
-    assert all(r.error is None for r in server.generate(_requests([ref.name])))
+    assert all(r.error is None for r in server.generate(_requests([str(ref)])))
     status = server.handle.status.remote().result(timeout_s=60)
     # The server keeps at most 2 versions loaded (loaded_adapters=2): loading delta unloads one.
-    assert status["loaded"][-1] == ref.name and len(status["loaded"]) == 2
+    assert status["loaded"][-1] == str(ref) and len(status["loaded"]) == 2
     assert status["unloads"] > before["unloads"]
 
 
@@ -276,11 +276,11 @@ def test_generate_with_a_string_is_an_error_not_one_request_per_character(server
 
 def test_tampered_foreign_and_nested_adapters_are_refused_on_load(server: Server, tmp_path: Path) -> None:
     flip = server.store.publish("flip", make_lora_dir(tmp_path / "flip", seed=21))
-    [first] = server.generate(_requests([flip.name]))
+    [first] = server.generate(_requests([str(flip)]))
     assert first.error is None
     # Load two others: the server keeps 2 loaded, so `flip` is unloaded and must be read again.
     assert all(r.error is None for r in server.generate(_requests(["alpha@v1", "beta@v1"])))
-    weights = server.store.resolve(flip.name).path / "adapter_model.safetensors"
+    weights = server.store.resolve(str(flip)).path / "adapter_model.safetensors"
     st = weights.stat()
     weights.chmod(0o644)
     data = bytearray(weights.read_bytes())
@@ -294,7 +294,7 @@ def test_tampered_foreign_and_nested_adapters_are_refused_on_load(server: Server
     manifest = server.store.root / "nested" / "v1" / "DIPRL_MANIFEST.json"
     manifest.chmod(0o644)
     manifest.write_text("[" * 50_000 + "]" * 50_000)  # found: RecursionError escaped the handler
-    results = server.generate(_requests([flip.name, foreign.name, nested.name, "base"]))
+    results = server.generate(_requests([str(flip), str(foreign), str(nested), "base"]))
     assert "CorruptAdapter" in results[0].error and "sha256" in results[0].error
     assert "IncompatibleAdapter" in results[1].error and "Qwen/Qwen3-8B" in results[1].error
     assert "CorruptAdapter" in results[2].error and "RecursionError" in results[2].error

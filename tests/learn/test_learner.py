@@ -60,7 +60,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Learner]:
 
 def test_first_version_is_published_at_start_and_is_the_untrained_lora(shared: Learner) -> None:
     assert shared.latest_version() == "main@v1"
-    assert [r.name for r in AdapterStore(shared.store.root).versions("main")] == ["main@v1"]
+    assert [str(r) for r in AdapterStore(shared.store.root).versions("main")] == ["main@v1"]
     assert all(float(t.abs().max()) == 0 for n, t in lora_state(shared.peft).items() if "lora_B" in n)
 
 
@@ -286,7 +286,7 @@ def test_resume_reproduces_the_next_step_exactly_and_a_corrupt_checkpoint_falls_
     # Step 3's main@v4 stays in the store (never reused): the restored weights (main@v3's) become main@v5.
     assert b.step == 2 and b.latest_version() == "main@v5"
     store = AdapterStore(adapters)
-    assert [r.name for r in store.versions("main")] == [f"main@v{i}" for i in range(1, 6)]
+    assert [str(r) for r in store.versions("main")] == [f"main@v{i}" for i in range(1, 6)]
     v3, v5 = (read_adapter_dir(store.resolve(v).path, b.peft) for v in ("main@v3", "main@v5"))
     assert all(torch.equal(v3[k], v5[k]) for k in v3)
     log = run / "learner" / "main" / "metrics.jsonl"
@@ -466,7 +466,7 @@ def test_a_full_disk_at_publish_or_checkpoint_is_a_fault_and_retried_next_step(
     def no_checkpoint(*args: Any, **kwargs: Any) -> Path:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    versions = [r.name for r in shared.store.versions("main")]
+    versions = [str(r) for r in shared.store.versions("main")]
     monkeypatch.setattr(_fs, "copy_hashing", full_disk)
     monkeypatch.setattr(shared.checkpoints, "save", no_checkpoint)
     monkeypatch.setattr(shared.config, "checkpoint_every", 1)
@@ -478,7 +478,7 @@ def test_a_full_disk_at_publish_or_checkpoint_is_a_fault_and_retried_next_step(
     assert [f["fault"] for f in metrics.faults] == ["publish_failed", "checkpoint_failed"]
     assert "No space left" in metrics.faults[0]["error"]
     # nothing half-published: the same versions, no temp directory left behind
-    assert [r.name for r in shared.store.versions("main")] == versions
+    assert [str(r) for r in shared.store.versions("main")] == versions
     assert not [p for p in (shared.store.root / "main").iterdir() if p.name.startswith(".")]
     trained = lora_state(shared.peft)
 
@@ -513,9 +513,9 @@ def test_prune_versions_keeps_the_leagues_the_trainable_and_the_newest(shared: L
     keep_last = max(shared.config.keep_versions, shared.config.max_policy_lag + 1)
     while len(shared.store.versions("main")) < keep_last + 4:
         shared.publish()
-    names = [r.name for r in shared.store.versions("main")]
+    names = [str(r) for r in shared.store.versions("main")]
     removed = shared.prune_versions(["main@v2", "bot:random", "base", "other@v3"])
-    left = [r.name for r in shared.store.versions("main")]
+    left = [str(r) for r in shared.store.versions("main")]
     assert left == ["main@v2", *names[-keep_last:]]
     assert removed == [n for n in names if n not in left]
     assert shared.counters["versions_pruned"] == len(removed)

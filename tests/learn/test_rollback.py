@@ -67,7 +67,7 @@ def test_rollback_publishes_the_best_versions_weights_exactly_once_and_survives_
 
         # The same decision again (a retried call): answered, not carried out a second time.
         assert learner.rollback("main@v2", decision) == "main@v4"
-        assert learner.store.versions("main")[-1].name == "main@v4" and learner.counters["rollbacks"] == 1
+        assert str(learner.store.versions("main")[-1]) == "main@v4" and learner.counters["rollbacks"] == 1
 
         # A learner restarted from its checkpoint (the actor killed) remembers the decision it carried out.
         alive.remove(learner)
@@ -76,7 +76,7 @@ def test_rollback_publishes_the_best_versions_weights_exactly_once_and_survives_
         alive.append(again)
         assert again.latest_version() == "main@v4"
         assert again.rollback("main@v2", decision) == "main@v4"
-        assert again.store.versions("main")[-1].name == "main@v4" and again.counters["rollbacks"] == 1
+        assert str(again.store.versions("main")[-1]) == "main@v4" and again.counters["rollbacks"] == 1
         assert _same(lora_state(again.peft), restored)
 
         with pytest.raises(ValueError, match="not a version of this policy"):

@@ -132,7 +132,7 @@ def test_rollout_through_the_policy_server_with_the_tiny_model(ray_cluster: None
     from tests.inference.lora_fixtures import make_lora_dir
 
     # A published version for the hero: only a learner's version is trained.
-    assert AdapterStore(tmp_path / "adapters").publish("main", make_lora_dir(tmp_path, seed=1)).name == "main@v1"
+    assert str(AdapterStore(tmp_path / "adapters").publish("main", make_lora_dir(tmp_path, seed=1))) == "main@v1"
     # port=0: a free port, so a PolicyServer already running on this machine does not fail the test.
     serve_policy(ServerConfig(model="tiny", adapter_root=str(tmp_path / "adapters"), port=0))
     try:

@@ -24,12 +24,12 @@ from diprl.inference.adapters.files import (
     positive_number,
 )
 from diprl.inference.adapters.names import (
-    AdapterRef,
     CorruptAdapter,
     InvalidAdapterName,
     UnknownAdapter,
     require_adapter,
 )
+from diprl.messages import PolicyRef
 
 MANIFEST_FORMAT = "diprl-adapter/1"
 _MAX_MANIFEST_BYTES = 1 << 20
@@ -48,7 +48,7 @@ class AdapterFile:
 class AdapterVersion:
     """A verified version on local disk: what a replica hands to vLLM (`path`) and checks (`rank`...)."""
 
-    ref: AdapterRef
+    ref: PolicyRef
     path: Path
     rank: int
     alpha: float
@@ -64,7 +64,7 @@ class AdapterVersion:
 
     @property
     def name(self) -> str:
-        return self.ref.name
+        return str(self.ref)
 
     @property
     def fingerprint(self) -> str:
@@ -80,10 +80,10 @@ def fingerprint(files: Iterable[AdapterFile]) -> str:
     return digest.hexdigest()
 
 
-def manifest_dict(ref: AdapterRef, shape: AdapterShape, files: list[AdapterFile], created: str) -> dict[str, Any]:
+def manifest_dict(ref: PolicyRef, shape: AdapterShape, files: list[AdapterFile], created: str) -> dict[str, Any]:
     return {
         "format": MANIFEST_FORMAT,
-        "name": ref.name,
+        "name": str(ref),
         "policy": ref.policy,
         "version": ref.version,
         "created": created,

@@ -9,7 +9,6 @@ file.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from diprl.messages import (  # noqa: F401  (BASE, MAX_VERSION, POLICY_PATTERN: re-exported for the store)
@@ -63,31 +62,6 @@ def model_ref(name: object) -> PolicyRef:
     return ref
 
 
-@dataclass(frozen=True, order=True)
-class AdapterRef:
-    """A validated adapter version as the store hands it out (`name` is the whole `<policy>@v<N>`).
-
-    Kept for the store's callers that read `.name`; new code takes the `PolicyRef` from `model_ref`.
-    """
-
-    policy: str
-    version: int
-
-    def __post_init__(self) -> None:
-        # Paths are built from these fields: construction gets the one parser's check.
-        if not isinstance(self.version, int) or isinstance(self.version, bool) or not isinstance(self.policy, str):
-            raise InvalidAdapterName(f"invalid adapter {self.policy!r}@v{self.version!r}; {NAME_HELP}")
-        if not model_ref(f"{self.policy}@v{self.version}").is_adapter:
-            raise InvalidAdapterName(f"invalid adapter {self.policy!r}@v{self.version!r}; {NAME_HELP}")
-
-    @property
-    def name(self) -> str:
-        return f"{self.policy}@v{self.version}"
-
-    def __str__(self) -> str:
-        return self.name
-
-
 def validate_policy_name(policy: str) -> str:
     """Return `policy` if it can name adapter versions; `InvalidAdapterName` otherwise."""
     try:
@@ -96,12 +70,12 @@ def validate_policy_name(policy: str) -> str:
         raise InvalidAdapterName(f"invalid policy name {str(policy)[:80]!r}; {NAME_HELP}") from None
 
 
-def require_adapter(name: str) -> AdapterRef:
+def require_adapter(name: str) -> PolicyRef:
     """The adapter version `name` names (`model_ref`); `base` is an `UnknownAdapter` here (it has no files)."""
     ref = model_ref(name)
     if ref.is_base:
         raise UnknownAdapter(f"{BASE!r} is the bare base model: it has no adapter files to load")
-    return AdapterRef(ref.policy, ref.version)
+    return ref
 
 
 def base_model_key(name_or_path: str) -> str:

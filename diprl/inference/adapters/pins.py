@@ -24,8 +24,8 @@ lasts (`key_installed`): what that process does after the run reads the file aga
 training run (evaluation, a server of its own) reads the file, on each node: point `DIPRL_PIN_KEY_FILE` at a
 copy on each (a replica that finds a MAC and no key refuses it).
 
-Layout: `root/.pins/<policy>@v<N>` holds the pin and a newline. The name comes from a validated
-`AdapterRef`, so a pin path can never leave `.pins/`.
+Layout: `root/.pins/<policy>@v<N>` holds the pin and a newline. The name comes from a parsed
+`PolicyRef` (an adapter version), so a pin path can never leave `.pins/`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from pathlib import Path
 from diprl.atomic_io import fsync_dir
 from diprl.inference.adapters import _fs
 from diprl.inference.adapters.manifest import AdapterVersion
-from diprl.inference.adapters.names import AdapterRef, CorruptAdapter
+from diprl.inference.adapters.names import CorruptAdapter
+from diprl.messages import PolicyRef
 
 PINS_DIR = ".pins"
 KEY_ENV = "DIPRL_PIN_KEY_FILE"
@@ -193,15 +194,15 @@ def publishing_key(root: Path) -> bytes | None:
     return key
 
 
-def _mac(key: bytes, ref: AdapterRef, fingerprint: str) -> str:
-    return MAC_PREFIX + hmac.new(key, f"{ref.name}\n{fingerprint}".encode(), hashlib.sha256).hexdigest()
+def _mac(key: bytes, ref: PolicyRef, fingerprint: str) -> str:
+    return MAC_PREFIX + hmac.new(key, f"{ref}\n{fingerprint}".encode(), hashlib.sha256).hexdigest()
 
 
-def pin_path(root: Path, ref: AdapterRef) -> Path:
-    return root / PINS_DIR / ref.name
+def pin_path(root: Path, ref: PolicyRef) -> Path:
+    return root / PINS_DIR / str(ref)
 
 
-def write_pin(root: Path, ref: AdapterRef, fingerprint: str) -> None:
+def write_pin(root: Path, ref: PolicyRef, fingerprint: str) -> None:
     """Record `fingerprint` as the pin of `ref`, atomically (temp file, fsync, rename).
 
     Only a publisher calls this, for a number no complete version holds yet (it holds the store's
@@ -216,7 +217,7 @@ def write_pin(root: Path, ref: AdapterRef, fingerprint: str) -> None:
         raise CorruptAdapter(f"{pins} is a symlink: the store refuses to write pins through it")
     _fs.make_dirs(pins)
     target = pin_path(root, ref)
-    tmp = pins / f"{_fs.TMP_PREFIX}{ref.name}-{uuid.uuid4().hex}"
+    tmp = pins / f"{_fs.TMP_PREFIX}{ref}-{uuid.uuid4().hex}"
     try:
         _fs.write_bytes(tmp, f"{pin}\n".encode())
         os.replace(tmp, target)
@@ -226,11 +227,11 @@ def write_pin(root: Path, ref: AdapterRef, fingerprint: str) -> None:
     fsync_dir(pins)
 
 
-def read_pin(root: Path, ref: AdapterRef) -> str | None:
+def read_pin(root: Path, ref: PolicyRef) -> str | None:
     """The pin of `ref` (a MAC, or a plain fingerprint in a store made before keyed pins), or None when there
     is none; `CorruptAdapter` when it is unreadable."""
     path = pin_path(root, ref)
-    raw = _read_small(path, _MAX_PIN_BYTES + 1, f"{ref.name}: cannot read its pin")
+    raw = _read_small(path, _MAX_PIN_BYTES + 1, f"{ref}: cannot read its pin")
     if raw is None:
         return None
     try:
@@ -238,7 +239,7 @@ def read_pin(root: Path, ref: AdapterRef) -> str | None:
     except UnicodeDecodeError:
         text = ""
     if len(raw) > _MAX_PIN_BYTES or not _FINGERPRINT_RE.fullmatch(text):
-        raise CorruptAdapter(f"{ref.name}: its pin {path} is not a fingerprint (64 hex digits)")
+        raise CorruptAdapter(f"{ref}: its pin {path} is not a fingerprint (64 hex digits)")
     return text.strip()
 
 

@@ -64,7 +64,6 @@ from diprl.inference.adapters.names import (
     POLICY_PATTERN,
     VERSION_DIR_RE,
     AdapterError,
-    AdapterRef,
     CorruptAdapter,
     InvalidAdapterName,
     UnknownAdapter,
@@ -73,6 +72,7 @@ from diprl.inference.adapters.names import (
     validate_policy_name,
 )
 from diprl.inference.adapters.pins import check_pin, write_pin
+from diprl.messages import PolicyRef
 
 INDEX_FILE = "index.json"
 INDEX_FORMAT = "diprl-adapter-index/1"
@@ -131,12 +131,12 @@ class AdapterStore:
 
     # ---- listing ------------------------------------------------------------------------
 
-    def versions(self, policy: str) -> list[AdapterRef]:
+    def versions(self, policy: str) -> list[PolicyRef]:
         """Complete versions of `policy`, oldest first (read from the directory, not the index)."""
         validate_policy_name(policy)
-        return [AdapterRef(policy, n) for n in version_numbers(self.root / policy)]
+        return [PolicyRef.adapter(policy, n) for n in version_numbers(self.root / policy)]
 
-    def latest(self, policy: str) -> AdapterRef | None:
+    def latest(self, policy: str) -> PolicyRef | None:
         refs = self.versions(policy)
         return refs[-1] if refs else None
 
@@ -195,7 +195,7 @@ class AdapterStore:
         source: Path | str | SavesPretrained,
         base_model: str | None = None,
         canary: bytes | None = None,
-    ) -> AdapterRef:
+    ) -> PolicyRef:
         """Store a new immutable version of `policy` and return its ref (`policy@v<N>`, N = latest + 1).
 
         `source` is a directory written by PEFT's `save_pretrained` (safetensors) or a PEFT model,
@@ -234,7 +234,7 @@ class AdapterStore:
 
     def _publish_from(
         self, src: Path, tmp: Path, policy: str, base_model: str | None, canary: bytes | None
-    ) -> AdapterRef:
+    ) -> PolicyRef:
         where = f"publishing {policy} from {src}"
         if canary is not None:
             from diprl.inference.canary import Canary  # the canary module imports this package
@@ -262,7 +262,7 @@ class AdapterStore:
             while True:
                 if number > MAX_VERSION:
                     raise AdapterError(f"{where}: policy {policy!r} has run out of version numbers")
-                ref = AdapterRef(policy, number)
+                ref = PolicyRef.adapter(policy, number)
                 # The manifest names the version, so it is rewritten whenever a race moves the number.
                 _fs.write_bytes(
                     tmp / MANIFEST_FILE, json.dumps(manifest_dict(ref, shape, files, created), indent=1).encode()
@@ -289,7 +289,7 @@ class AdapterStore:
 
     # ---- retention ---------------------------------------------------------------------------
 
-    def prune(self, policy: str, keep: Iterable[str] = (), keep_last: int = 1) -> list[AdapterRef]:
+    def prune(self, policy: str, keep: Iterable[str] = (), keep_last: int = 1) -> list[PolicyRef]:
         """Delete `policy`'s versions that are neither named in `keep` nor among its newest `keep_last`.
 
         Returns the refs removed, oldest first. `keep` may hold any PolicyRefs (`bot:...`, `base`,
@@ -345,25 +345,21 @@ class AdapterStore:
         path = policy_dir / f"v{ref.version}"
         manifest = path / MANIFEST_FILE
         if not (_fs.is_real_dir(policy_dir) and _fs.is_real_dir(path)) or manifest.is_symlink():
-            known = ", ".join(r.name for r in self.versions(ref.policy)) or "none"
+            known = ", ".join(str(r) for r in self.versions(ref.policy)) or "none"
             hint = " (symlinks in the store are refused)" if policy_dir.is_symlink() or path.is_symlink() else ""
-            raise UnknownAdapter(
-                f"unknown adapter {ref.name} in {self.root} (versions of {ref.policy!r}: {known}){hint}"
-            )
+            raise UnknownAdapter(f"unknown adapter {ref} in {self.root} (versions of {ref.policy!r}: {known}){hint}")
         try:
             raw = manifest.read_bytes()
         except FileNotFoundError:
-            known = ", ".join(r.name for r in self.versions(ref.policy)) or "none"
+            known = ", ".join(str(r) for r in self.versions(ref.policy)) or "none"
             raise UnknownAdapter(
-                f"unknown adapter {ref.name} in {self.root} (versions of {ref.policy!r}: {known})"
+                f"unknown adapter {ref} in {self.root} (versions of {ref.policy!r}: {known})"
             ) from None
         except OSError as err:
-            raise CorruptAdapter(f"{ref.name}: cannot read {manifest}: {err}") from None
-        version = version_from_manifest(raw, path, f"{ref.name} at {path}")
+            raise CorruptAdapter(f"{ref}: cannot read {manifest}: {err}") from None
+        version = version_from_manifest(raw, path, f"{ref} at {path}")
         if version.ref != ref:
-            raise CorruptAdapter(
-                f"{ref.name}: {manifest} describes {version.name}; the directory was copied or renamed"
-            )
+            raise CorruptAdapter(f"{ref}: {manifest} describes {version.ref}; the directory was copied or renamed")
         self._check_files(version)
         check_pin(self.root, version)
         return version
@@ -374,14 +370,14 @@ class AdapterStore:
             try:
                 st = path.lstat()
             except OSError as err:
-                raise CorruptAdapter(f"{version.name}: {path} is unreadable or missing ({err.strerror})") from None
+                raise CorruptAdapter(f"{version.ref}: {path} is unreadable or missing ({err.strerror})") from None
             if path.is_symlink():
-                raise CorruptAdapter(f"{version.name}: {path} is a symlink; the store refuses to follow it")
+                raise CorruptAdapter(f"{version.ref}: {path} is a symlink; the store refuses to follow it")
             if st.st_size != f.size:
-                raise CorruptAdapter(f"{version.name}: {path} has {st.st_size} bytes, its manifest says {f.size}")
+                raise CorruptAdapter(f"{version.ref}: {path} has {st.st_size} bytes, its manifest says {f.size}")
             try:
                 digest = _fs.sha256_file(path)
             except OSError as err:
-                raise CorruptAdapter(f"{version.name}: cannot read {path} ({err.strerror})") from None
+                raise CorruptAdapter(f"{version.ref}: cannot read {path} ({err.strerror})") from None
             if digest != f.sha256:
-                raise CorruptAdapter(f"{version.name}: {path} does not match the sha256 in its manifest")
+                raise CorruptAdapter(f"{version.ref}: {path} does not match the sha256 in its manifest")
