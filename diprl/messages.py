@@ -91,6 +91,19 @@ class PolicyRef:
         return PolicyRef(RefKind.ADAPTER, match["policy"], int(match["version"]))
 
     @staticmethod
+    def parse_adapter(text: object) -> PolicyRef:
+        """`PolicyRef.parse` for where only a trained policy's version `<policy>@v<N>` makes sense (a learner's
+        publish, a replica's refusal): `UnknownPolicyRef` for a bot, `base` or a zoo entry too."""
+        try:
+            ref = PolicyRef.parse(text)
+        except UnknownPolicyRef as exc:
+            raise UnknownPolicyRef(f"invalid adapter name for a trained policy's version: {exc}") from None
+        if not ref.is_adapter:
+            what = {RefKind.BASE: "the base model", RefKind.BOT: "a rule bot"}.get(ref.kind, "a zoo entry")
+            raise UnknownPolicyRef(f"{text!r} is {what}, not a version of a trained policy")
+        return ref
+
+    @staticmethod
     def bot_ref(name: str) -> PolicyRef:
         return PolicyRef.parse(f"{BOT_PREFIX}{name}")
 

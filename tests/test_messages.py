@@ -78,6 +78,15 @@ def test_predicates_and_policy() -> None:
             validate_policy_name(bad)
 
 
+def test_parse_adapter_takes_only_a_trained_policys_version() -> None:
+    assert PolicyRef.parse_adapter("main@v3") == PolicyRef.adapter("main", 3)
+    for text, why in (("base", "the base model"), ("bot:random", "a rule bot"), ("zoo:best", "a zoo entry")):
+        with pytest.raises(UnknownPolicyRef, match=f"is {why}, not a version"):
+            PolicyRef.parse_adapter(text)
+    with pytest.raises(UnknownPolicyRef, match="invalid adapter name"):
+        PolicyRef.parse_adapter("main@v01")
+
+
 def test_match_checks_its_seats() -> None:
     seats = parse_seats({"FRANCE": "main@v2", "ENGLAND": "bot:random"})
     match = Match("m0", seats, hero="FRANCE", seed=1, train=("FRANCE",))

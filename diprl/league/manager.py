@@ -46,7 +46,7 @@ from diprl.league.health import (
     rollback_decision,
 )
 from diprl.league.matchmaking import KINDS
-from diprl.league.members import ANCHOR, LEARNER, POWERS, SNAPSHOT, Member, version_number
+from diprl.league.members import ANCHOR, LEARNER, POWERS, SNAPSHOT, Member
 from diprl.league.nash import max_entropy_nash
 from diprl.league.payoff import Payoff, match_outcomes
 from diprl.league.persist import load_state, save_state
@@ -111,14 +111,15 @@ class LeagueManager:
         members of the pool.
         """
         role = self._role(policy)
-        owner, number = version_number(version)
+        parsed = PolicyRef.parse_adapter(version)
+        owner, number = parsed.policy, parsed.version
         if owner != policy:
             raise UnknownPolicyRef(f"version {version!r} does not belong to policy {policy!r}")
         if isinstance(learner_step, bool) or not isinstance(learner_step, int) or learner_step < 0:
             raise ValueError(f"learner_step must be a non-negative int, got {learner_step!r}")
         if role.current == version and role.decision is not None:
             return role.decision
-        if role.current is not None and number <= version_number(role.current)[1]:
+        if role.current is not None and number <= PolicyRef.parse_adapter(role.current).version:
             raise ValueError(
                 f"{policy}: version {version!r} is not newer than the current {role.current!r} (a learner "
                 "restored from an older checkpoint must publish its weights under a new number)"
@@ -252,7 +253,7 @@ class LeagueManager:
 
         Returns {"version", "policy", "serving": what the role plays now, "new": False when it was already
         refused (a retried call, or many matches reporting the same refusal)}."""
-        policy, _ = version_number(version)
+        policy = PolicyRef.parse_adapter(version).policy
         new = version not in self.refused
         if new:
             self.refused[version] = str(reason)[:500]
@@ -263,7 +264,7 @@ class LeagueManager:
     def prove_version(self, version: str) -> dict[str, Any]:
         """A replica loaded `version` and its canary passed: it may stand in for a later version a replica
         refuses (see the module doc). Returns {"version", "new": False when already proved or refused}."""
-        version_number(version)  # a malformed version is an error here too
+        PolicyRef.parse_adapter(version)  # a malformed version is an error here too
         new = version not in self.proven and version not in self.refused
         if new:
             self.proven.append(version)
@@ -280,11 +281,11 @@ class LeagueManager:
         """`version` itself, or the version that stands in for it when a replica refused it: the newest
         version of its policy, not newer than it, whose canary a replica passed and none refused, else the
         policy's first version (what an evaluation plays; see `stand_in`)."""
-        return stand_in(version, self.refused, *self._fallbacks(version_number(version)[0]))
+        return stand_in(version, self.refused, *self._fallbacks(PolicyRef.parse_adapter(version).policy))
 
     def _fallbacks(self, policy: str) -> tuple[list[str], str | None]:
         """(`policy`'s proven versions, its first version): what `stand_in` may choose from."""
-        return [v for v in self.proven if version_number(v)[0] == policy], self.first.get(policy)
+        return [v for v in self.proven if PolicyRef.parse_adapter(v).policy == policy], self.first.get(policy)
 
     def _served(self, policy: str) -> str:
         current = self.roles[policy].current
@@ -656,14 +657,16 @@ class LeagueManager:
         the versions up to a main snapshot count for that snapshot (the learner moves little in the
         `snapshot_steps` between two), those after the last snapshot for main's current version.
         """
-        frozen = sorted(version_number(k)[1] for k, m in self.members.items() if m.kind == SNAPSHOT and m.role == MAIN)
+        snapshots = [k for k, m in self.members.items() if m.kind == SNAPSHOT and m.role == MAIN]
+        frozen = sorted(PolicyRef.parse_adapter(k).version for k in snapshots)
         current = self.roles[MAIN].current if MAIN in self.roles else None
 
         def group(target: str) -> str:
             try:
-                policy, number = version_number(target)
+                parsed = PolicyRef.parse_adapter(target)
             except UnknownPolicyRef:
                 return target
+            policy, number = parsed.policy, parsed.version
             if policy != MAIN:
                 return target
             later = [k for k in frozen if k >= number]
@@ -827,16 +830,16 @@ def stand_in(version: str, refused: Mapping[str, Any], proven: Sequence[str], fi
     A version published between two canaries is never chosen: nothing proved it is served as trained."""
     if version not in refused:
         return version
-    number = version_number(version)[1]
-    candidates = [v for v in proven if v not in refused and version_number(v)[1] <= number]
+    number = PolicyRef.parse_adapter(version).version
+    candidates = [v for v in proven if v not in refused and PolicyRef.parse_adapter(v).version <= number]
     if candidates:
-        return max(candidates, key=lambda v: version_number(v)[1])
+        return max(candidates, key=lambda v: PolicyRef.parse_adapter(v).version)
     return first if first is not None and first not in refused else version
 
 
 def _version_order(target: str) -> tuple[int, str]:
     try:
-        return version_number(target)[1], target
+        return PolicyRef.parse_adapter(target).version, target
     except UnknownPolicyRef:
         return -1, target
 

@@ -36,18 +36,6 @@ def validate_anchor(ref: str) -> str:
     return ref
 
 
-def version_number(ref: str) -> tuple[str, int]:
-    """(policy, N) of an adapter version `<policy>@v<N>`; a clear error for anything else."""
-    try:
-        parsed = PolicyRef.parse(ref)
-    except UnknownPolicyRef as exc:
-        raise UnknownPolicyRef(f"invalid adapter name for a trained policy's version: {exc}") from None
-    if not parsed.is_adapter:
-        what = "the base model" if parsed.is_base else "a rule bot"
-        raise UnknownPolicyRef(f"{ref!r} is {what}, not a version of a trained policy")
-    return parsed.policy, parsed.version
-
-
 @dataclass(frozen=True)
 class Member:
     key: str

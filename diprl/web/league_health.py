@@ -17,6 +17,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
+from diprl.messages import PolicyRef, UnknownPolicyRef
+
 HEALTH_KEY = "league/nash_entropy"
 """A key every health record carries (and no other record): how a health record is told apart."""
 
@@ -29,8 +31,10 @@ def _number(value: Any) -> TypeGuard[int | float]:
 
 def _version_number(ref: str) -> int | None:
     """N of `<policy>@vN`, None for anything else (an anchor, a malformed name)."""
-    _, _, tail = str(ref).rpartition("@v")
-    return int(tail) if tail.isdigit() else None
+    try:
+        return PolicyRef.parse_adapter(ref).version
+    except UnknownPolicyRef:
+        return None
 
 
 def health_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

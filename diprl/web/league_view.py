@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from diprl.messages import PolicyRef, UnknownPolicyRef
 from diprl.web import games as games_mod
 from diprl.web.league_health import health_view
 from diprl.web.runs import config_value, read_metrics
@@ -225,7 +226,10 @@ def round_games(
 def _policy_of(ref: str) -> str:
     """`main` of `main@v12`: an exploiter's games against a frozen main version are against main's versions
     up to it, so the games behind its figure are those against any of main's versions."""
-    return ref.rpartition("@v")[0] or ref
+    try:
+        return PolicyRef.parse_adapter(ref).policy
+    except UnknownPolicyRef:
+        return ref
 
 
 def crossplay_reports(run_dir: Path) -> list[dict[str, Any]]:
