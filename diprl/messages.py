@@ -5,14 +5,15 @@ the PolicyServer and get `Generation`s back, the league hands out `Match`es and 
 rollout workers deliver `TrajectoryGroup`s (of `TrainingRecord`s) through the ledger into a learner's
 queue, a worker reports each match it played as a `MatchReport`, a learner each step as a `StepReport`,
 and the evaluator each evaluation as an `EvaluationResult`. Plain dataclasses of plain values:
-they pickle cheaply through Ray's object store and become JSON with `dataclasses.asdict` (the HTTP
-route, quarantine files, traces).
+they pickle cheaply through Ray's object store and become JSON with their `to_dict` (the HTTP route,
+quarantine files, traces, the learner's pending batch), which writes every `PolicyRef` as its text.
 
 A `PolicyRef` names who plays a seat, as a string: `bot:<name>` (a rule bot), `base` (the bare base
 model), `<policy>@v<N>` (an immutable adapter version) or `zoo:<name>` (a policy shipped in the
 repository's `zoo/`, with the model preset it plays on). `PolicyRef.parse` is the only code that
 reads that grammar; everything else asks the parsed object (a match's seats hold parsed refs, made
-text again only where JSON is written: `seat_texts`). Adapter paths are built from its
+text again only where JSON is written: `seat_texts`, `to_dict`; a group's and a step report's versions
+are parsed refs too). Adapter paths are built from its
 validated parts only, so no string that reaches a server can name a file.
 
 This module is the bottom layer: it imports nothing of diprl.
@@ -289,10 +290,14 @@ class MatchResult:
 
 
 def _check_seats(seats: Mapping[str, PolicyRef], match_id: str) -> None:
-    """A seat given as text (or anything else) is a caller that skipped the parser: said at once, by name."""
     for power, ref in seats.items():
-        if not isinstance(ref, PolicyRef):
-            raise TypeError(f"seat {power} of match {match_id} must be a PolicyRef, got {ref!r:.80} (PolicyRef.parse)")
+        _check_ref(ref, f"seat {power} of match {match_id}")
+
+
+def _check_ref(ref: object, what: str) -> None:
+    """A ref given as text (or anything else) is a caller that skipped the parser: said at once, by name."""
+    if not isinstance(ref, PolicyRef):
+        raise TypeError(f"{what} must be a PolicyRef, got {ref!r:.80} (PolicyRef.parse)")
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -331,22 +336,31 @@ class TrajectoryGroup:
     match_id: str
     power: str
     phase: str
-    policy_version: str
+    policy_version: PolicyRef  # who sampled it
     records: list[TrainingRecord]
     returns: list[float]
     advantage_std: float
     hero: bool = True  # the seat the league asked about (the others are trained too)
 
+    def __post_init__(self) -> None:
+        _check_ref(self.policy_version, f"policy_version of group {self.group_id}")
+
     @property
     def policy(self) -> str:
-        """The trained policy whose queue takes this group; "" for a version that names none (unroutable)."""
-        try:
-            return PolicyRef.parse(self.policy_version).policy
-        except UnknownPolicyRef:
-            return ""
+        """The trained policy whose queue takes this group; "" for base, a bot or a zoo entry (unroutable)."""
+        return self.policy_version.policy
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready: the version as text (`from_dict` reads it back)."""
+        return {**asdict(self), "policy_version": str(self.policy_version)}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> TrajectoryGroup:
+        """A group from `to_dict`'s JSON (the learner's pending batch)."""
+        records = [TrainingRecord(**r) for r in data["records"]]
+        return TrajectoryGroup(
+            **{**data, "policy_version": PolicyRef.parse(data["policy_version"]), "records": records}
+        )
 
 
 def group_id(match_id: str, phase: str, power: str) -> str:
@@ -418,24 +432,33 @@ class StepReport:
     policy: str
     step: int
     trained: bool
-    version: str | None
-    published: str | None = None  # the version this step published, if any
+    version: PolicyRef | None  # the learner's latest version
+    published: PolicyRef | None = None  # the version this step published, if any
     checkpoint: str | None = None  # the checkpoint this step wrote, if any
     faults: list[dict[str, Any]] = field(default_factory=list)  # failed publish/checkpoint, skipped updates
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # reason and origin of each bad record
     metrics: dict[str, Any] = field(default_factory=dict)
     pid: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("version", "published"):
+            if getattr(self, name) is not None:
+                _check_ref(getattr(self, name), f"StepReport.{name} of {self.policy}")
+
     def record(self) -> dict[str, Any]:
         """The metrics-log line of this step (faults and quarantined records are logged on their own)."""
         return {
             "step": self.step,
             "trained": int(self.trained),
-            "version": self.version,
-            "published": self.published,
+            "version": _text(self.version),
+            "published": _text(self.published),
             "checkpoint": self.checkpoint,
             **self.metrics,
         }
+
+
+def _text(ref: PolicyRef | None) -> str | None:
+    return None if ref is None else str(ref)
 
 
 # ---------------------------------------------------------------------------------------- evaluator

@@ -101,7 +101,7 @@ def loop_of(
 
 
 def step_report(step: int, published: bool = True, **metrics: Any) -> StepReport:
-    version = f"main@v{step + 1}"
+    version = PolicyRef.adapter("main", step + 1)
     return StepReport("main", step, True, version, published=version if published else None, metrics=metrics)
 
 
@@ -172,11 +172,18 @@ def test_each_policys_groups_are_counted_where_they_went(tmp_path: Path, monkeyp
     loop.start()
     assert loop.trained_share("main") == 12 / 40
     bad = [{"group_id": "m1/S1901M/FRANCE", "index": 0}, {"group_id": "m1/S1901M/FRANCE", "index": 1}]
-    answer(loop, StepReport("main", 6, True, "main@v7", metrics={"groups": 4, "dropped_stale": 2}, quarantined=bad))
-    answer(loop, StepReport("main", 7, True, "main@v8", metrics={"groups": 4, "dropped_foreign": 1}))
     answer(
         loop,
-        StepReport("main_exploiter", 1, True, "main_exploiter@v2", metrics={"groups": 2, "dropped_stale": 6}),
+        StepReport(
+            "main", 6, True, PolicyRef.parse("main@v7"), metrics={"groups": 4, "dropped_stale": 2}, quarantined=bad
+        ),
+    )
+    answer(loop, StepReport("main", 7, True, PolicyRef.parse("main@v8"), metrics={"groups": 4, "dropped_foreign": 1}))
+    answer(
+        loop,
+        StepReport(
+            "main_exploiter", 1, True, PolicyRef.parse("main_exploiter@v2"), metrics={"groups": 2, "dropped_stale": 6}
+        ),
         "main_exploiter",
     )
     rollouts = {p: v for kind, p, v in tracker.records if kind == "rollout"}

@@ -82,7 +82,7 @@ def test_bad_completions_tied_groups_and_stage_timings_reach_the_runs_metrics(
     dropped all of it: a run whose model wrote 30% malformed orders looked healthy in metrics.jsonl."""
     from types import SimpleNamespace
 
-    from diprl.messages import StepReport
+    from diprl.messages import PolicyRef, StepReport
     from diprl.run.learning import LearnerLoop
     from diprl.tracking import read_metrics
 
@@ -105,7 +105,7 @@ def test_bad_completions_tied_groups_and_stage_timings_reach_the_runs_metrics(
         s.handle(ref)
     league = Actor(SimpleNamespace(pending_rollback=lambda policy: None))  # asked after each step: none pending
     loop = LearnerLoop({"main": None}, {"main": SimpleNamespace(qsize=lambda: 0)}, league, s.journal, list, print)
-    ref = Ref(StepReport("main", 1, True, "main@v1"))
+    ref = Ref(StepReport("main", 1, True, PolicyRef.parse("main@v1")))
     loop.stepping[ref] = "main"
     loop.handle(ref)
     s.journal.tracker.close()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
+import ray.cloudpickle
 
 from diprl.messages import (
     BASE_REF,
@@ -14,6 +16,8 @@ from diprl.messages import (
     MatchResult,
     PolicyRef,
     RefKind,
+    StepReport,
+    TrainingRecord,
     TrajectoryGroup,
     UnknownPolicyRef,
     parse_seats,
@@ -67,8 +71,10 @@ def test_predicates_and_policy() -> None:
     assert PolicyRef.parse("bot:random").is_bot and not PolicyRef.parse("bot:random").is_llm
     assert BASE_REF.is_llm and BASE_REF.policy == ""
     assert PolicyRef.parse("main@v7").policy == "main"
-    routed = {v: TrajectoryGroup("g", "m", "FRANCE", "S1901M", v, [], [], 0.0).policy for v in ("main@v7", "base", "x")}
-    assert routed == {"main@v7": "main", "base": "", "x": ""}  # a group is routed by its version's policy
+    group = {
+        v: TrajectoryGroup("g", "m", "FRANCE", "S1901M", PolicyRef.parse(v), [], [], 0.0) for v in ("main@v7", "base")
+    }
+    assert {v: g.policy for v, g in group.items()} == {"main@v7": "main", "base": ""}  # routed by its version's policy
     assert PolicyRef.adapter("main", 3) == PolicyRef.parse("main@v3")
     with pytest.raises(UnknownPolicyRef):
         PolicyRef.adapter("main", True)  # type: ignore[arg-type]
@@ -112,3 +118,30 @@ def test_wire_forms() -> None:
     result = MatchResult("m0", 0, seats, "FRANCE", centres, ranks, "W1901A", None)
     assert result.to_dict()["seats"] == {"FRANCE": "main@v2", "ENGLAND": "bot:random"}  # refs are text only in JSON
     assert pickle.loads(pickle.dumps(result)) == result
+
+
+def _group() -> TrajectoryGroup:
+    record = TrainingRecord([1, 2], [3], [-0.5], {"power": "FRANCE"}, [1.0], "main@v3", 1.0, "FRANCE", "S1901M")
+    return TrajectoryGroup("m/S1901M/FRANCE", "m", "FRANCE", "S1901M", PolicyRef.parse("main@v3"), [record], [1.0], 1.0)
+
+
+def test_refs_cross_the_ray_boundary_parsed_and_become_text_only_in_json() -> None:
+    """Ray's serializer (cloudpickle, what its object store and actor calls use) keeps a group's and a step
+    report's versions parsed refs; their JSON forms (the pending batch, the metrics log) hold the text."""
+    group = _group()
+    report = StepReport("main", 4, True, PolicyRef.parse("main@v5"), published=PolicyRef.parse("main@v5"))
+    for message in (group, report):
+        back = ray.cloudpickle.loads(ray.cloudpickle.dumps(message))
+        assert back == message
+    assert isinstance(back.version, PolicyRef) and back.published == PolicyRef.adapter("main", 5)
+    assert json.loads(json.dumps(report.record()))["published"] == "main@v5"
+    wire = json.loads(json.dumps(group.to_dict()))
+    assert wire["policy_version"] == "main@v3"
+    assert TrajectoryGroup.from_dict(wire) == group
+
+
+def test_a_version_given_as_text_is_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="policy_version of group g must be a PolicyRef"):
+        TrajectoryGroup("g", "m", "FRANCE", "S1901M", "main@v3", [], [], 0.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"StepReport\.published of main must be a PolicyRef"):
+        StepReport("main", 1, True, None, published="main@v1")  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from diprl.inference.adapters import AdapterStore
 from diprl.inference.config import rank_to_serve
 from diprl.league.role_state import VersionDecision
 from diprl.learn.checkpoint import CheckpointDir
-from diprl.messages import StepReport
+from diprl.messages import PolicyRef, StepReport
 from diprl.run.config import ConfigError, compose_config
 from diprl.run.rundir import load_counters, prepare_run_dir
 from diprl.tracking import read_metrics
@@ -137,12 +137,12 @@ def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, mo
             "main",
             3,
             True,
-            "main@v4",
+            PolicyRef.parse("main@v4"),
             quarantined=quarantined,
             faults=[{"fault": "publish_failed", "step": 3, "error": "OSError(28, 'No space left on device')"}],
             metrics={"quarantined": 1},
         ),
-        StepReport("main", 4, True, "main@v5", published="main@v5"),
+        StepReport("main", 4, True, PolicyRef.parse("main@v5"), published=PolicyRef.parse("main@v5")),
         VersionDecision(snapshot=False, reset=False, member=None, steps_since_snapshot=1, win_rate=0.5),
         None,  # no rollback pending (asked after the step before)
         ["bot:random", "main@v5"],  # refs_in_use

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             faults += len(metrics.faults)
             skipped += int(metrics.metrics.get("nonfinite_gradients", 0))
             if metrics.published:
-                published.append(metrics.published)
+                published.append(str(metrics.published))
                 learner.prune_versions([])
             most_versions = max(most_versions, len(learner.store.versions(config.policy)))
         quarantine = [

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_libraries
+from diprl.messages import PolicyRef
 
 BARE_ADAPTER = "bare"
 SPLITS = ("time_recompute_s", "time_fwd_bwd_s", "time_optimizer_s", "time_publish_s", "time_checkpoint_s")
@@ -96,7 +97,9 @@ def make_groups(
             )
             for r, a in zip(results, advantages, strict=True)
         ]
-        groups.append(TrajectoryGroup(f"g{i}", "bench", power, game.phase, version, records, advantages, 1.0))
+        groups.append(
+            TrajectoryGroup(f"g{i}", "bench", power, game.phase, PolicyRef.parse(version), records, advantages, 1.0)
+        )
     return groups
 
 
@@ -333,7 +336,11 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
             for k, batch in enumerate(batches):
                 version = ray.get(actor.latest_version.remote())
                 labelled = [
-                    replace(g, policy_version=version, records=[replace(r, policy_version=version) for r in g.records])
+                    replace(
+                        g,
+                        policy_version=PolicyRef.parse(version),
+                        records=[replace(r, policy_version=version) for r in g.records],
+                    )
                     for g in batch
                 ]
                 t0 = time.perf_counter()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.console import bar_enabled, progress_bar
+from diprl.messages import PolicyRef
 
 SIDES = ("host", "separate")
 
@@ -129,7 +130,9 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
 
 def _labelled(groups: list[Any], version: str) -> list[Any]:
     return [
-        replace(g, policy_version=version, records=[replace(r, policy_version=version) for r in g.records])
+        replace(
+            g, policy_version=PolicyRef.parse(version), records=[replace(r, policy_version=version) for r in g.records]
+        )
         for g in groups
     ]
 

@@ -271,7 +271,7 @@ class LearnerGroup:
     def _reported(self, report: StepReport) -> StepReport:
         self.step = report.step
         if report.version is not None:
-            self.versions.latest = report.version
+            self.versions.latest = str(report.version)
         report.faults = [*self.faults, *report.faults]
         self.faults = []
         return report

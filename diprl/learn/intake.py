@@ -20,12 +20,11 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from diprl.atomic_io import write_file_atomic
-from diprl.messages import TrainingRecord, TrajectoryGroup
+from diprl.messages import PolicyRef, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +45,6 @@ def balanced(groups: list[TrajectoryGroup], n: int) -> tuple[list[TrajectoryGrou
                 batch.append(by_power[power].pop(0))
     taken = {id(g) for g in batch}
     return batch, [g for g in groups if id(g) not in taken]
-
-
-def group_from_dict(data: dict[str, Any]) -> TrajectoryGroup:
-    """A group read back from JSON (the pending batch)."""
-    records = [TrainingRecord(**r) for r in data["records"]]
-    return TrajectoryGroup(**{**data, "records": records})
 
 
 class GroupIntake:
@@ -98,7 +91,7 @@ class GroupIntake:
                 return
 
     def take(
-        self, fresh: Callable[[str], bool], timeout_s: float, give_way: Callable[[], bool] | None = None
+        self, fresh: Callable[[PolicyRef], bool], timeout_s: float, give_way: Callable[[], bool] | None = None
     ) -> list[TrajectoryGroup] | None:
         """The next balanced batch of `groups_per_step` fresh groups, or None if the queue has not
         delivered enough within `timeout_s`, or `give_way` said true while it waited (checked every
@@ -112,13 +105,13 @@ class GroupIntake:
         batch, self.waiting = balanced(self.waiting, self.groups_per_step)
         return batch
 
-    def ready(self, fresh: Callable[[str], bool]) -> bool:
+    def ready(self, fresh: Callable[[PolicyRef], bool]) -> bool:
         """Whether a whole batch of fresh groups is here (what the queue holds taken in, nothing waited for)."""
         self._pull(0.0)
         self._drop_stale(fresh)
         return len(self.waiting) >= self.groups_per_step
 
-    def _drop_stale(self, fresh: Callable[[str], bool]) -> None:
+    def _drop_stale(self, fresh: Callable[[PolicyRef], bool]) -> None:
         keep = [g for g in self.waiting if fresh(g.policy_version)]
         self.dropped_stale += len(self.waiting) - len(keep)
         self.waiting = keep
@@ -126,7 +119,7 @@ class GroupIntake:
     # ------------------------------------------------------------------ the batch in flight
     def hold(self, batch: list[TrajectoryGroup], for_step: int) -> None:
         """Keep `batch` on disk until `release`: the step `for_step` is being taken on it."""
-        data = {"for_step": for_step, "groups": [asdict(g) for g in batch]}
+        data = {"for_step": for_step, "groups": [g.to_dict() for g in batch]}
         self.pending_path.parent.mkdir(parents=True, exist_ok=True)
         write_file_atomic(self.pending_path, json.dumps(data).encode())
 
@@ -143,7 +136,7 @@ class GroupIntake:
             return None
         try:
             data = json.loads(self.pending_path.read_text())
-            groups = [group_from_dict(g) for g in data["groups"]]
+            groups = [TrajectoryGroup.from_dict(g) for g in data["groups"]]
             for_step = int(data["for_step"])
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             log.warning("unreadable pending batch %s (%s): dropped", self.pending_path, exc)

@@ -58,7 +58,7 @@ from diprl.learn.report import StepTimer
 from diprl.learn.site import LearnerSite
 from diprl.learn.train_state import base_optimizer
 from diprl.learn.versions import VersionBook
-from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
+from diprl.messages import PolicyRef, StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer, pad_token_id
 from diprl.policy.vocab import token_table
@@ -513,8 +513,8 @@ class Learner:
             policy=self.config.policy,
             step=self.step,
             trained=trained,
-            version=self.version,
-            published=published,
+            version=None if self.version is None else PolicyRef.parse(self.version),
+            published=None if published is None else PolicyRef.parse(published),
             checkpoint=checkpoint,
             faults=list(faults),
             quarantined=[e.origin() for e in quarantined],
@@ -532,7 +532,7 @@ def _one_record_group(i: int, record: TrainingRecord) -> TrajectoryGroup:
         match_id="",
         power=record.power,
         phase=record.phase,
-        policy_version=record.policy_version,
+        policy_version=PolicyRef.parse(record.policy_version),
         records=[record],
         returns=[],
         advantage_std=0.0,

@@ -62,7 +62,7 @@ class QuarantineEntry:
             "learner_error",
             f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS],
             getattr(group, "group_id", None),
-            getattr(group, "policy_version", None),
+            _text_or_none(getattr(group, "policy_version", None)),
             group=group,
         )
 
@@ -130,7 +130,7 @@ def origins_of(groups: Sequence[TrajectoryGroup]) -> tuple[list[TrainingRecord],
     for group in groups:
         for index, record in enumerate(group.records):
             records.append(record)
-            origins.append(Origin(group.group_id, group.policy_version, index))
+            origins.append(Origin(group.group_id, str(group.policy_version), index))
     return records, origins
 
 
@@ -169,4 +169,11 @@ class QuarantineFile:
 
 def _plain(obj: Any) -> Any:
     """A record or group as JSON-ready data for the quarantine file (whatever it is: nothing is lost)."""
+    if isinstance(obj, TrajectoryGroup):
+        return obj.to_dict()
     return asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj
+
+
+def _text_or_none(version: Any) -> str | None:
+    """A group's version as the entry keeps it: text (whatever a malformed group held instead)."""
+    return None if version is None else str(version)

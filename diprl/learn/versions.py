@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from diprl.messages import PolicyRef, UnknownPolicyRef
+from diprl.messages import PolicyRef
 
 
 class VersionBook:
@@ -49,22 +49,18 @@ class VersionBook:
     def number(self, name: str) -> int:
         return PolicyRef.parse(name).version
 
-    def lag(self, version: str) -> int | None:
-        """Versions between `version` and the latest; None for anything not a version of this policy.
+    def lag(self, ref: PolicyRef) -> int | None:
+        """Versions between `ref` and the latest; None for anything not a version of this policy.
 
         A version from before the last reset lags by more than `max_lag` (it is stale whatever its number).
         """
-        try:
-            ref = PolicyRef.parse(version)
-        except UnknownPolicyRef:
-            return None
         if not ref.is_adapter or ref.policy != self.policy or self.latest is None:
             return None
         if ref.version < self.min_version:
             return self.max_lag + 1 + (self.min_version - ref.version)
         return max(0, self.number(self.latest) - ref.version)
 
-    def trainable(self, version: str) -> bool:
+    def trainable(self, version: PolicyRef) -> bool:
         lag = self.lag(version)
         return lag is not None and lag <= self.max_lag
 

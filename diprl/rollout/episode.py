@@ -30,7 +30,16 @@ from diprl.bots.base import Agent
 from diprl.game import DiplomacyGame, PhaseKind
 from diprl.game.replay import to_saved_game
 from diprl.game.scoring import ranks
-from diprl.messages import Match, MatchResult, PlayCounts, TrainingRecord, TrajectoryGroup, group_id, seat_texts
+from diprl.messages import (
+    Match,
+    MatchResult,
+    PlayCounts,
+    PolicyRef,
+    TrainingRecord,
+    TrajectoryGroup,
+    group_id,
+    seat_texts,
+)
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.credit import CreditAssigner
 from diprl.rollout.lockstep import PhaseOutcome, SeedFn, Table, TemperatureFn, Turn, request_seed
@@ -273,7 +282,7 @@ class Episode:
         if advantages is None:
             out.counts.skipped_zero_variance += 1
             return None, per_fork
-        version = str(match.seats[power])
+        version = match.seats[power]
         records: list[TrainingRecord] = []
         all_turns = self.credit.cfg.train_turns == "all"
         for k, advantage in zip(compared, advantages, strict=True):
@@ -307,7 +316,7 @@ class Episode:
         turn: Turn,
         advantage: float,
         order_rewards: Mapping[str, float],
-        version: str,
+        version: PolicyRef,
         power: str,
         score: RubricScore,
     ) -> TrainingRecord:
@@ -320,7 +329,7 @@ class Episode:
             advantages=self.credit.token_advantages(
                 advantage, answer.token_ids, self.table.texts, answer.orders, order_rewards
             ),
-            policy_version=version,
+            policy_version=str(version),  # text until the imitation teacher builds records with a PolicyRef
             temperature=self.config.temperature,
             power=power,
             phase=turn.phase,

@@ -190,8 +190,8 @@ class LearnerLoop:
         decision: Any = None
         reset: Any = None
         if report.published:
-            self.versions[policy] = report.published
-            decision = self.league.register_version.remote(policy, report.published, report.step)
+            self.versions[policy] = str(report.published)
+            decision = self.league.register_version.remote(policy, str(report.published), report.step)
             if self.may_reset(policy):  # the answer must reach the learner before its next step
                 decision = ray.get(decision)
                 if decision.reset:
@@ -217,7 +217,7 @@ class LearnerLoop:
         if report.published:
             if not isinstance(decision, VersionDecision):
                 decision = ray.get(decision)
-            self.journal.log("league", {"version": report.published, **decision.to_dict()}, policy)
+            self.journal.log("league", {"version": str(report.published), **decision.to_dict()}, policy)
             if reset is not None:
                 version = str(ray.get(reset))
                 self.versions[policy] = version

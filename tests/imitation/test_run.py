@@ -20,7 +20,7 @@ from diprl.imitation.run import make_learner
 from diprl.imitation.shards import read_shards
 from diprl.imitation.train import planned_steps, state_batches, state_groups, train_bc
 from diprl.inference.adapters import AdapterStore
-from diprl.messages import StepReport, TrainingRecord
+from diprl.messages import PolicyRef, StepReport, TrainingRecord
 
 
 def test_bad_keys_values_and_teachers_are_clear_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,7 +53,7 @@ def test_epochs_count_records_not_steps(data: TeacherData) -> None:
     class Counting:
         def train_records(self, records: Any, objective: str = "bc") -> StepReport:
             assert objective == "bc" and all(isinstance(r, TrainingRecord) for r in records)
-            return StepReport("main", 1, True, "main@v1", metrics={"records": len(records)})
+            return StepReport("main", 1, True, PolicyRef.parse("main@v1"), metrics={"records": len(records)})
 
     history = train_bc(Counting(), data.train, batch_size=20, seed=0, epochs=1.0)
     trained = sum(m["records"] for m in history)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from diprl.game import DiplomacyGame
-from diprl.messages import GenerationRequest, TrainingRecord, TrajectoryGroup
+from diprl.messages import GenerationRequest, PolicyRef, TrainingRecord, TrajectoryGroup
 from diprl.policy.prompt import build_prompt
 from diprl.policy.vocab import TokenTable
 from diprl.rollout.clients import UniformConstrainedClient
@@ -46,7 +46,7 @@ def make_group(
         match_id="m",
         power=power,
         phase=game.phase,
-        policy_version=version,
+        policy_version=PolicyRef.parse(version),
         records=records,
         returns=list(advantages),
         advantage_std=1.0,

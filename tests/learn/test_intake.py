@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from diprl.learn.intake import GroupIntake, balanced
-from diprl.messages import TrainingRecord, TrajectoryGroup
+from diprl.messages import PolicyRef, TrainingRecord, TrajectoryGroup
 
 
 def _group(gid: str, power: str, version: str = "main@v3") -> TrajectoryGroup:
     record = TrainingRecord([1, 2], [3], [-0.5], {"power": power}, [1.0], version, 1.0, power, "S1901M")
-    return TrajectoryGroup(gid, "m", power, "S1901M", version, [record], [1.0], 1.0)
+    return TrajectoryGroup(gid, "m", power, "S1901M", PolicyRef.parse(version), [record], [1.0], 1.0)
 
 
 class FakeQueue:
@@ -57,7 +58,7 @@ def test_a_batch_is_balanced_over_powers_oldest_first() -> None:
 def test_take_waits_for_enough_fresh_groups_and_drops_stale_ones(tmp_path: Path) -> None:
     items = [_group("old", "FRANCE", "main@v1"), *[_group(f"g{i}", p) for i, p in enumerate(["FRANCE", "ITALY"])]]
     intake = _intake(tmp_path, items, n=2)
-    fresh = lambda version: version != "main@v1"  # noqa: E731
+    fresh = lambda version: version != PolicyRef.parse("main@v1")  # noqa: E731
     batch = intake.take(fresh, timeout_s=0.1)
     assert batch is not None and [g.group_id for g in batch] == ["g0", "g1"]
     assert intake.dropped_stale == 1
@@ -86,6 +87,23 @@ def test_the_batch_in_flight_survives_a_restart_unless_its_step_was_checkpointed
     intake.release()
     assert not intake.has_pending()
     assert intake.pending(restored_step=0) is None
+
+
+def test_a_pending_batch_written_before_versions_were_parsed_refs_still_resumes(tmp_path: Path) -> None:
+    """A run directory from before a group's version was a PolicyRef: its pending.json holds the version as
+    text, exactly the form written now, and the learner trains that batch again after a restart."""
+    record = {
+        "prompt_ids": [1, 2], "completion_ids": [3], "behaviour_logprobs": [-0.5], "legal": {"power": "FRANCE"},
+        "advantages": [1.0], "policy_version": "main@v3", "temperature": 1.0, "power": "FRANCE", "phase": "S1901M",
+        "reward": 0.0, "reward_components": {}, "order_rewards": {},
+    }  # fmt: skip
+    group = {
+        "group_id": "g0", "match_id": "m", "power": "FRANCE", "phase": "S1901M", "policy_version": "main@v3",
+        "records": [record], "returns": [1.0], "advantage_std": 1.0, "hero": True,
+    }  # fmt: skip
+    (tmp_path / "pending.json").write_text(json.dumps({"for_step": 8, "groups": [group]}))
+    [again] = GroupIntake(None, tmp_path, 4, 8).pending(restored_step=6) or []
+    assert again == _group("g0", "FRANCE") and again.policy_version == PolicyRef.adapter("main", 3)
 
 
 @pytest.mark.parametrize("text", ["{torn", "[" * 100_000 + "]" * 100_000])  # torn; nested too deeply (N5)

@@ -34,7 +34,7 @@ from diprl.learn.model import (
 )
 from diprl.learn.site import LearnerSite
 from diprl.learn.train_state import engine_state, rng_state
-from diprl.messages import TrainingRecord
+from diprl.messages import PolicyRef, TrainingRecord
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.tracking import read_metrics
@@ -97,7 +97,7 @@ def test_one_step_equals_plain_adamw_on_the_token_mean_loss(shared: Learner, tok
     optimizer.step()
 
     metrics = shared.train_step([group])
-    assert metrics.metrics["micro_batches"] >= 2 and metrics.step == 1 and metrics.published == "main@v2"
+    assert metrics.metrics["micro_batches"] >= 2 and metrics.step == 1 and str(metrics.published) == "main@v2"
     assert metrics.metrics["loss"] == pytest.approx(float(loss.detach()), abs=1e-6)
     assert metrics.metrics["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
     assert metrics.metrics["ratio"] == pytest.approx(1.0) and metrics.metrics["tis_weight"] == pytest.approx(
@@ -124,7 +124,7 @@ def test_a_positive_advantage_completion_becomes_more_likely(shared: Learner, to
     group = make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1 / 3, -1 / 3, -1 / 3], seed=2)
     before = [sum(s) for s in shared.score(group.records)]
     for _ in range(4):
-        group = on_policy(shared, replace(group, policy_version=shared.latest_version()))
+        group = on_policy(shared, replace(group, policy_version=PolicyRef.parse(shared.latest_version())))
         group.records = [replace(r, policy_version=shared.latest_version()) for r in group.records]
         metrics = shared.train_step([group])
         assert metrics.metrics["policy_lag_max"] == 0 and metrics.metrics["dropped_stale"] == 0
@@ -229,7 +229,7 @@ def test_epochs_take_several_clipped_updates_on_one_batch_and_publish_one_versio
         finally:
             learner.engine.destroy()
     one, three = reports[1].metrics, reports[3].metrics
-    assert reports[3].step == 1 and reports[3].published == "main@v2" and three["epochs"] == 3
+    assert reports[3].step == 1 and str(reports[3].published) == "main@v2" and three["epochs"] == 3
     assert "epochs" not in one
     assert three["ratio"] == pytest.approx(1.0) and three["ratio_max"] == pytest.approx(one["ratio_max"])
     assert three["last_ratio_max"] > 1.02 or three["last_ratio_min"] < 0.98, three
@@ -485,8 +485,10 @@ def test_a_full_disk_at_publish_or_checkpoint_is_a_fault_and_retried_next_step(
     assert all(torch.equal(trained[k], v) for k, v in shared.versions.snapshots[versions[-1]].items()) is False
 
     monkeypatch.undo()  # the disk has room again: the next step publishes and checkpoints (checkpoint_every is 0)
-    metrics = shared.train_step([on_policy(shared, replace(group, policy_version=shared.latest_version()))])
-    assert metrics.published == f"main@v{int(versions[-1].split('@v')[1]) + 1}" and metrics.faults == []
+    metrics = shared.train_step(
+        [on_policy(shared, replace(group, policy_version=PolicyRef.parse(shared.latest_version())))]
+    )
+    assert str(metrics.published) == f"main@v{int(versions[-1].split('@v')[1]) + 1}" and metrics.faults == []
     assert metrics.checkpoint is not None and shared.config.checkpoint_every == 0
 
 

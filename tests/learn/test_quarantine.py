@@ -11,7 +11,7 @@ from diprl.learn import report
 from diprl.learn.batching import BadRecord, PreparedRecord
 from diprl.learn.quarantine import Origin, QuarantineEntry, QuarantineFile, screen
 from diprl.learn.report import StepTimer
-from diprl.messages import TrainingRecord, TrajectoryGroup
+from diprl.messages import PolicyRef, TrainingRecord, TrajectoryGroup
 
 
 def _record(version: str = "main@v2") -> TrainingRecord:
@@ -35,7 +35,7 @@ def _lines(path: Path) -> list[dict[str, object]]:
 
 def test_a_quarantined_record_and_a_failed_steps_group_are_written_whole_in_their_json_form(tmp_path: Path) -> None:
     record = _record()
-    group = TrajectoryGroup("g1", "m1", "FRANCE", "S1901M", "main@v2", [record], [1.0], 1.0)
+    group = TrajectoryGroup("g1", "m1", "FRANCE", "S1901M", PolicyRef.parse("main@v2"), [record], [1.0], 1.0)
     bad = QuarantineEntry.of_record("nonfinite", "x" * 2000, Origin("g1", "main@v2", 4), record)
     failed = QuarantineEntry.of_group(RuntimeError("a bug"), group)
     file = QuarantineFile(tmp_path / "quarantine.jsonl", "main")

@@ -24,7 +24,7 @@ from diprl.learn.learner import Learner
 from diprl.learn.model import lora_state, read_adapter_dir
 from diprl.learn.ranks import split_by_tokens
 from diprl.learn.site import LearnerSite
-from diprl.messages import TrajectoryGroup
+from diprl.messages import PolicyRef, TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.tracking import read_metrics
@@ -72,7 +72,11 @@ def test_config_errors_name_the_field() -> None:
 
 
 def _on(group: TrajectoryGroup, version: str) -> TrajectoryGroup:
-    return replace(group, policy_version=version, records=[replace(r, policy_version=version) for r in group.records])
+    return replace(
+        group,
+        policy_version=PolicyRef.parse(version),
+        records=[replace(r, policy_version=version) for r in group.records],
+    )
 
 
 @pytest.fixture(scope="module")

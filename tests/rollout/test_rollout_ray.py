@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diprl.game import DiplomacyGame, PowerOrders
-from diprl.messages import TrajectoryGroup, group_id, group_seat
+from diprl.messages import PolicyRef, TrajectoryGroup, group_id, group_seat
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.models import load_preset, logits_width, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
@@ -22,7 +22,7 @@ OPPONENTS = ["bot:dumbbot", "base", "bot:random"]
 
 
 def _group(gid: str, version: str = "main@v1") -> TrajectoryGroup:
-    return TrajectoryGroup(gid, "m", "FRANCE", "S1901M", version, [], [], 0.0)
+    return TrajectoryGroup(gid, "m", "FRANCE", "S1901M", PolicyRef.parse(version), [], [], 0.0)
 
 
 @pytest.fixture(scope="module")
