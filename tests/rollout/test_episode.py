@@ -75,8 +75,10 @@ def test_fork_turns_train_only_the_forked_decision() -> None:
 
 
 def test_all_turns_train_every_hero_turn_of_each_fork_with_its_group_advantage() -> None:
-    [fork_group] = _run(_episode("fork"), _match(8)).groups
-    [all_group] = _run(_episode("all"), _match(8)).groups
+    # Seed 28: a match whose forks' returns differ (a group), found by search like the seeds below; the
+    # uniform client's draws depend on the constraint's masks, so a change of the grammar can move them.
+    [fork_group] = _run(_episode("fork"), _match(28)).groups
+    [all_group] = _run(_episode("all"), _match(28)).groups
     records = all_group.records
     # Spring decision + autumn + (maybe retreats) + winter adjustments: more than one turn per fork.
     assert len(records) > 3
@@ -156,11 +158,11 @@ def test_a_fork_whose_decision_failed_is_left_out_of_the_baseline() -> None:
 
 
 def _forked_kind(share: float) -> str:
-    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 255) ends at an
+    """The phase kind of the forked decision of a match whose warmup (7 phases, seed 327) ends at an
     adjustment where France builds: found by search, fixed by the seeds (and the tokenizer, through the
     uniform client's draws)."""
     episode = _episode("fork", group_size=2, warmup_min_phases=7, warmup_max_phases=7, adjustment_fork_share=share)
-    [group] = _run(episode, _match(255)).groups
+    [group] = _run(episode, _match(327)).groups
     return f"{group.phase[-1]} {PowerOrders.from_dict(group.records[0].legal).kind.value}"
 
 
@@ -257,7 +259,7 @@ def test_common_random_numbers_never_seed_a_decision_that_is_compared_or_trained
     """A seeded answer has no behaviour logprobs: the forked decision and every trained turn sample freely;
     the hero's untrained later turns share one seed per phase across the forks."""
     client = _Recording(_client())
-    [group] = _run(_episode(train_turns, group_size=3), _match(8), client).groups
+    [group] = _run(_episode(train_turns, group_size=3), _match(28), client).groups
     forked = [seed for power, phase, seed in client.seen if phase == group.phase]
     later: dict[str, set[int | None]] = {}
     for _, phase, seed in client.seen:
