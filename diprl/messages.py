@@ -12,8 +12,8 @@ A `PolicyRef` names who plays a seat, as a string: `bot:<name>` (a rule bot), `b
 model), `<policy>@v<N>` (an immutable adapter version) or `zoo:<name>` (a policy shipped in the
 repository's `zoo/`, with the model preset it plays on). `PolicyRef.parse` is the only code that
 reads that grammar; everything else asks the parsed object (a match's seats hold parsed refs, made
-text again only where JSON is written: `seat_texts`, `to_dict`; a group's and a step report's versions
-are parsed refs too). Adapter paths are built from its
+text again only where JSON is written: `seat_texts`, `to_dict`; a record's, a group's and a step
+report's versions are parsed refs too). Adapter paths are built from its
 validated parts only, so no string that reaches a server can name a file.
 
 This module is the bottom layer: it imports nothing of diprl.
@@ -313,7 +313,7 @@ class TrainingRecord:
     behaviour_logprobs: list[float]  # vLLM processed logprobs: masked and tempered
     legal: LegalOrders
     advantages: list[float]  # one per completion token
-    policy_version: str
+    policy_version: PolicyRef  # who sampled it (the teacher's bot for imitation data)
     temperature: float
     power: str
     phase: str
@@ -321,8 +321,17 @@ class TrainingRecord:
     reward_components: dict[str, float] = field(default_factory=dict)
     order_rewards: dict[str, float] = field(default_factory=dict)  # order text -> its own reward
 
+    def __post_init__(self) -> None:
+        _check_ref(self.policy_version, f"policy_version of record {self.power} {self.phase}")
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready: the version as text (`from_dict` reads it back)."""
+        return {**asdict(self), "policy_version": str(self.policy_version)}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> TrainingRecord:
+        """A record from `to_dict`'s JSON, the text form every record on disk has (a pending batch)."""
+        return TrainingRecord(**{**data, "policy_version": PolicyRef.parse(data["policy_version"])})
 
 
 @dataclass
@@ -351,13 +360,17 @@ class TrajectoryGroup:
         return self.policy_version.policy
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the version as text (`from_dict` reads it back)."""
-        return {**asdict(self), "policy_version": str(self.policy_version)}
+        """JSON-ready: the versions as text (`from_dict` reads it back)."""
+        return {
+            **asdict(self),
+            "policy_version": str(self.policy_version),
+            "records": [r.to_dict() for r in self.records],
+        }
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> TrajectoryGroup:
         """A group from `to_dict`'s JSON (the learner's pending batch)."""
-        records = [TrainingRecord(**r) for r in data["records"]]
+        records = [TrainingRecord.from_dict(r) for r in data["records"]]
         return TrajectoryGroup(
             **{**data, "policy_version": PolicyRef.parse(data["policy_version"]), "records": records}
         )

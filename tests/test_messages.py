@@ -120,14 +120,20 @@ def test_wire_forms() -> None:
     assert pickle.loads(pickle.dumps(result)) == result
 
 
+def _record() -> TrainingRecord:
+    v3 = PolicyRef.adapter("main", 3)
+    return TrainingRecord([1, 2], [3], [-0.5], {"power": "FRANCE"}, [1.0], v3, 1.0, "FRANCE", "S1901M")
+
+
 def _group() -> TrajectoryGroup:
-    record = TrainingRecord([1, 2], [3], [-0.5], {"power": "FRANCE"}, [1.0], "main@v3", 1.0, "FRANCE", "S1901M")
-    return TrajectoryGroup("m/S1901M/FRANCE", "m", "FRANCE", "S1901M", PolicyRef.parse("main@v3"), [record], [1.0], 1.0)
+    return TrajectoryGroup(
+        "m/S1901M/FRANCE", "m", "FRANCE", "S1901M", PolicyRef.adapter("main", 3), [_record()], [1.0], 1.0
+    )
 
 
 def test_refs_cross_the_ray_boundary_parsed_and_become_text_only_in_json() -> None:
-    """Ray's serializer (cloudpickle, what its object store and actor calls use) keeps a group's and a step
-    report's versions parsed refs; their JSON forms (the pending batch, the metrics log) hold the text."""
+    """Ray's serializer (cloudpickle, what its object store and actor calls use) keeps a group's, its records'
+    and a step report's versions parsed refs; their JSON forms (the pending batch, the metrics log) hold the text."""
     group = _group()
     report = StepReport("main", 4, True, PolicyRef.parse("main@v5"), published=PolicyRef.parse("main@v5"))
     for message in (group, report):
@@ -136,12 +142,31 @@ def test_refs_cross_the_ray_boundary_parsed_and_become_text_only_in_json() -> No
     assert isinstance(back.version, PolicyRef) and back.published == PolicyRef.adapter("main", 5)
     assert json.loads(json.dumps(report.record()))["published"] == "main@v5"
     wire = json.loads(json.dumps(group.to_dict()))
-    assert wire["policy_version"] == "main@v3"
-    assert TrajectoryGroup.from_dict(wire) == group
+    assert wire["policy_version"] == wire["records"][0]["policy_version"] == "main@v3"
+    again = TrajectoryGroup.from_dict(wire)
+    assert again == group and isinstance(again.records[0].policy_version, PolicyRef)
+    record = json.loads(json.dumps(_record().to_dict()))
+    assert record["policy_version"] == "main@v3" and TrainingRecord.from_dict(record) == _record()
+
+
+def test_a_record_written_as_json_before_its_version_was_a_parsed_ref_still_loads() -> None:
+    """What `asdict` wrote of a record while its version was text (a pending batch, a quarantine file):
+    the same form `to_dict` writes now, read back with the version parsed."""
+    old = {
+        "prompt_ids": [1, 2], "completion_ids": [3], "behaviour_logprobs": [-0.5], "legal": {"power": "FRANCE"},
+        "advantages": [1.0], "policy_version": "main@v3", "temperature": 1.0, "power": "FRANCE", "phase": "S1901M",
+        "reward": 0.0, "reward_components": {}, "order_rewards": {},
+    }  # fmt: skip
+    assert TrainingRecord.from_dict(old) == _record()
+    assert TrainingRecord.from_dict(old).to_dict() == old
+    with pytest.raises(UnknownPolicyRef):
+        TrainingRecord.from_dict({**old, "policy_version": "main@v03"})
 
 
 def test_a_version_given_as_text_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match="policy_version of group g must be a PolicyRef"):
         TrajectoryGroup("g", "m", "FRANCE", "S1901M", "main@v3", [], [], 0.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="policy_version of record FRANCE S1901M must be a PolicyRef"):
+        TrainingRecord([1], [2], [0.0], {}, [1.0], "main@v3", 1.0, "FRANCE", "S1901M")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"StepReport\.published of main must be a PolicyRef"):
         StepReport("main", 1, True, None, published="main@v1")  # type: ignore[arg-type]

@@ -82,6 +82,7 @@ def make_groups(
         request = GenerationRequest(policy=version, prompt=build_prompt(game, power).text, legal=legal)
         results = client.generate([request] * forks)
         advantages = [rng.choice([-1.0, 1.0]) for _ in results]
+        ref = PolicyRef.parse(version)
         records = [
             TrainingRecord(
                 r.prompt_ids,
@@ -89,7 +90,7 @@ def make_groups(
                 r.logprobs,
                 legal,
                 [a] * len(r.token_ids),
-                version,
+                ref,
                 1.0,
                 power,
                 game.phase,
@@ -97,9 +98,7 @@ def make_groups(
             )
             for r, a in zip(results, advantages, strict=True)
         ]
-        groups.append(
-            TrajectoryGroup(f"g{i}", "bench", power, game.phase, PolicyRef.parse(version), records, advantages, 1.0)
-        )
+        groups.append(TrajectoryGroup(f"g{i}", "bench", power, game.phase, ref, records, advantages, 1.0))
     return groups
 
 
@@ -334,13 +333,9 @@ def run_ranks(args: argparse.Namespace) -> dict[str, float]:
             times: list[float] = []
             splits: dict[str, list[float]] = {key: [] for key in SPLITS}
             for k, batch in enumerate(batches):
-                version = ray.get(actor.latest_version.remote())
+                version = PolicyRef.parse(ray.get(actor.latest_version.remote()))
                 labelled = [
-                    replace(
-                        g,
-                        policy_version=PolicyRef.parse(version),
-                        records=[replace(r, policy_version=version) for r in g.records],
-                    )
+                    replace(g, policy_version=version, records=[replace(r, policy_version=version) for r in g.records])
                     for g in batch
                 ]
                 t0 = time.perf_counter()

@@ -129,12 +129,8 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
 
 
 def _labelled(groups: list[Any], version: str) -> list[Any]:
-    return [
-        replace(
-            g, policy_version=PolicyRef.parse(version), records=[replace(r, policy_version=version) for r in g.records]
-        )
-        for g in groups
-    ]
+    ref = PolicyRef.parse(version)
+    return [replace(g, policy_version=ref, records=[replace(r, policy_version=ref) for r in g.records]) for g in groups]
 
 
 def _trained_state(checkpoint: Path) -> dict[str, Any]:

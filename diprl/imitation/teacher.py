@@ -123,7 +123,7 @@ class TeacherExample:
             behaviour_logprobs=[0.0] * n,
             legal=self.legal,
             advantages=[1.0] * n,
-            policy_version=str(PolicyRef.bot_ref(self.teacher)),
+            policy_version=PolicyRef.bot_ref(self.teacher),
             temperature=1.0,
             power=self.power,
             phase=self.phase,

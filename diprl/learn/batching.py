@@ -18,7 +18,7 @@ import torch
 
 from diprl.game.legal import PowerOrders
 from diprl.learn.prefix import PrefixLayout, build_tree, pack_shared, packed_layout
-from diprl.messages import TrainingRecord
+from diprl.messages import PolicyRef, TrainingRecord
 from diprl.policy.constraint import ConstraintViolation, OrderConstraint
 from diprl.policy.vocab import TokenTable
 
@@ -59,7 +59,7 @@ class PreparedRecord:
     temperature: float
     behaviour: list[float]
     advantages: list[float]
-    policy_version: str | None
+    policy_version: PolicyRef  # the version that sampled it: its weights give the old logprobs
     # Filled by the learner's recompute pass: the trainer's logprobs under the behaviour version's
     # weights (None: the current weights are those weights) and under the EMA reference.
     logp_old: list[float] | None = None
@@ -105,6 +105,8 @@ def prepare_record(
         raise BadRecord("malformed", f"{where}: malformed training record ({type(err).__name__}: {err})") from None
     if not prompt or not completion:
         raise BadRecord("malformed", f"{where}: empty prompt or completion")
+    if not isinstance(record.policy_version, PolicyRef):
+        raise BadRecord("malformed", f"{where}: policy_version {record.policy_version!r:.80} is not a PolicyRef")
     if min(prompt) < 0 or max(prompt) >= table.vocab_size:
         raise BadRecord("malformed", f"{where}: a prompt token id is outside the vocabulary [0, {table.vocab_size})")
     if max_len is not None and len(prompt) + len(completion) > max_len:
@@ -142,9 +144,7 @@ def prepare_record(
         allowed = OrderConstraint(legal, table).masks_for(completion)
     except ConstraintViolation as err:
         raise BadRecord("constraint", f"{where}: completion is not one the constraint allows: {err}") from None
-    return PreparedRecord(
-        prompt, completion, allowed, temperature, behaviour, advantages, record.policy_version or None
-    )
+    return PreparedRecord(prompt, completion, allowed, temperature, behaviour, advantages, record.policy_version)
 
 
 def _token_id(value: Any) -> int:

@@ -50,6 +50,7 @@ from diprl.learn.quarantine import (
     QuarantineEntry,
     QuarantineFile,
     Screened,
+    loose_origins,
     origins_of,
     screen,
 )
@@ -374,7 +375,7 @@ class Learner:
     def _screen(self, records: Sequence[TrainingRecord], origins: Sequence[Origin] | None, rl: bool) -> Screened:
         """Validate every record; the bad ones are quarantined at once (kept whatever happens next)."""
         if origins is None:
-            origins = [Origin(None, getattr(r, "policy_version", None), i) for i, r in enumerate(records)]
+            origins = loose_origins(records)
         max_len = self.preset.max_model_len
         screened = screen(
             records, origins, lambda r, i: prepare_record(r, self.table, i, need_rl_fields=rl, max_len=max_len)
@@ -391,11 +392,14 @@ class Learner:
         if not rl:
             return
         records = prepared if self.passes.lockstep else [prepared[i] for i in mine]
-        missing = self.passes.recompute(records, self.life.weights_version, self._weights_of, self.ema)
+        weights = self.life.weights_version
+        current = None if weights is None else PolicyRef.parse(weights)
+        missing = self.passes.recompute(records, current, self._weights_of, self.ema)
         self.counters["old_weights_missing"] += missing
 
-    def _weights_of(self, version: str) -> dict[str, Any] | None:
-        return self.life.weights_of(version, self.model)
+    def _weights_of(self, version: PolicyRef) -> dict[str, Any] | None:
+        """The weights of `version` (the version book and the store name versions by their text)."""
+        return self.life.weights_of(str(version), self.model)
 
     def _optimiser_step(self, passes: PassResult) -> tuple[float, Any, bool]:
         """This step's lr into the optimiser, its step, and the records the passes blamed quarantined.
@@ -532,7 +536,7 @@ def _one_record_group(i: int, record: TrainingRecord) -> TrajectoryGroup:
         match_id="",
         power=record.power,
         phase=record.phase,
-        policy_version=PolicyRef.parse(record.policy_version),
+        policy_version=record.policy_version,
         records=[record],
         returns=[],
         advantage_std=0.0,

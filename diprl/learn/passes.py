@@ -44,6 +44,7 @@ from diprl.learn.model import (
 )
 from diprl.learn.quarantine import QuarantineEntry, Screened
 from diprl.learn.ranks import Collective, RankSpec, split_by_tokens
+from diprl.messages import PolicyRef
 from diprl.policy.models import ModelPreset
 
 logger = logging.getLogger(__name__)
@@ -159,16 +160,16 @@ class Passes:
     def recompute(
         self,
         prepared: list[PreparedRecord],
-        current: str | None,
-        weights_of: Callable[[str], LoraState | None],
+        current: PolicyRef | None,
+        weights_of: Callable[[PolicyRef], LoraState | None],
         reference: LoraState,
     ) -> int:
         """Fill `logp_old` (the behaviour version's weights where they are not `current`) and, with a KL term,
         `logp_ref` (the `reference` weights). Returns how many records had no old weights to be found:
         their ratio is taken against the current weights."""
-        by_version: dict[str, list[int]] = {}
+        by_version: dict[PolicyRef, list[int]] = {}
         for i, r in enumerate(prepared):
-            if r.policy_version and r.policy_version != current:
+            if r.policy_version != current:
                 by_version.setdefault(r.policy_version, []).append(i)
         missing = 0
         for version, indices in sorted(by_version.items()):

@@ -17,12 +17,12 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from diprl.learn.batching import BadRecord, PreparedRecord
-from diprl.messages import TrainingRecord, TrajectoryGroup
+from diprl.messages import PolicyRef, TrainingRecord, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,11 @@ def origins_of(groups: Sequence[TrajectoryGroup]) -> tuple[list[TrainingRecord],
     return records, origins
 
 
+def loose_origins(records: Sequence[TrainingRecord]) -> list[Origin]:
+    """The origins of records handed in without their groups (`train_records`): the version each names."""
+    return [Origin(None, _text_or_none(getattr(r, "policy_version", None)), i) for i, r in enumerate(records)]
+
+
 class QuarantineFile:
     """One policy's `quarantine.jsonl`; only the writer (rank 0 of a group) appends, every rank logs."""
 
@@ -168,10 +173,17 @@ class QuarantineFile:
 
 
 def _plain(obj: Any) -> Any:
-    """A record or group as JSON-ready data for the quarantine file (whatever it is: nothing is lost)."""
-    if isinstance(obj, TrajectoryGroup):
-        return obj.to_dict()
-    return asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj
+    """A record or group as JSON-ready data for the quarantine file, versions as text (what their `to_dict`
+    writes), whatever it holds: a malformed one is kept as it is, nothing is lost."""
+    if isinstance(obj, PolicyRef):
+        return str(obj)
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
 
 
 def _text_or_none(version: Any) -> str | None:

@@ -329,7 +329,7 @@ class Episode:
             advantages=self.credit.token_advantages(
                 advantage, answer.token_ids, self.table.texts, answer.orders, order_rewards
             ),
-            policy_version=str(version),  # text until the imitation teacher builds records with a PolicyRef
+            policy_version=version,
             temperature=self.config.temperature,
             power=power,
             phase=turn.phase,

@@ -91,7 +91,7 @@ def test_batches_hold_whole_states_and_every_decision_once_per_epoch(data: Teach
 def test_a_teacher_decision_is_a_training_record_of_the_bot(data: TeacherData) -> None:
     records = [e.to_training_record() for e in data.train[:3]]
     assert [r.completion_ids for r in records] == [e.completion_ids for e in data.train[:3]]
-    assert all(r.policy_version == "bot:dumbbot" and r.temperature == 1.0 for r in records)
+    assert all(r.policy_version == PolicyRef.bot_ref("dumbbot") and r.temperature == 1.0 for r in records)
     assert all(r.advantages == [1.0] * len(r.completion_ids) for r in records)
 
 

@@ -20,7 +20,7 @@ from diprl.imitation.teacher import (
     teacher_bot,
     teacher_completion,
 )
-from diprl.messages import TrainingRecord
+from diprl.messages import PolicyRef, TrainingRecord
 from diprl.policy.constraint import contradicted_supports
 from diprl.policy.prompt import build_prompt
 from diprl.policy.vocab import TokenTable
@@ -111,7 +111,7 @@ def test_examples_become_typed_training_records(data: Any) -> None:
     example = data.train[0]
     record = example.to_training_record()
     assert isinstance(record, TrainingRecord)
-    assert record.policy_version == "bot:dumbbot"
+    assert record.policy_version == PolicyRef.bot_ref("dumbbot")
     assert record.prompt_ids == example.prompt_ids and record.completion_ids == example.completion_ids
     assert len(record.advantages) == len(record.behaviour_logprobs) == len(example.completion_ids)
     assert (record.power, record.phase, record.legal) == (example.power, example.phase, example.legal)

@@ -33,7 +33,7 @@ def make_group(
             behaviour_logprobs=r.logprobs,
             legal=legal,
             advantages=[a] * len(r.token_ids),
-            policy_version=version,
+            policy_version=PolicyRef.parse(version),
             temperature=temperature,
             power=power,
             phase=game.phase,

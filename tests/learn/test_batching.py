@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 from diprl.game import DiplomacyGame
-from diprl.learn.batching import collate, collate_shared, pack_by_tokens, prepare_record
+from diprl.learn.batching import BadRecord, collate, collate_shared, pack_by_tokens, prepare_record
 from diprl.learn.model import completion_logprobs
-from diprl.messages import GenerationRequest, TrainingRecord
+from diprl.messages import GenerationRequest, PolicyRef, TrainingRecord
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import TokenTable, token_table
 from diprl.rollout.clients import UniformConstrainedClient
@@ -36,7 +37,7 @@ def _record(table: TokenTable, power: str = "FRANCE", seed: int = 0) -> Training
         behaviour_logprobs=result.logprobs,
         legal=legal,
         advantages=[1.0] * n,
-        policy_version="main@v1",
+        policy_version=PolicyRef.adapter("main", 1),
         temperature=1.0,
         power=power,
         phase="S1901M",
@@ -94,6 +95,10 @@ def test_prepare_rebuilds_one_mask_per_token_and_refuses_bad_records(table: Toke
         prepare_record(replace(record, completion_ids=bad), table)
     with pytest.raises(ValueError, match="malformed"):
         prepare_record(replace(record, legal={}), table)
+    unparsed = copy.copy(record)
+    unparsed.policy_version = "main@v1"  # type: ignore[assignment]  # as a record unpickled past __post_init__
+    with pytest.raises(BadRecord, match="policy_version 'main@v1' is not a PolicyRef"):
+        prepare_record(unparsed, table)
     with pytest.raises(ValueError, match="max_model_len"):
         prepare_record(record, table, max_len=4)
     bc = prepare_record(replace(record, advantages=[], behaviour_logprobs=[]), table, need_rl_fields=False)

@@ -13,8 +13,9 @@ from diprl.messages import PolicyRef, TrainingRecord, TrajectoryGroup
 
 
 def _group(gid: str, power: str, version: str = "main@v3") -> TrajectoryGroup:
-    record = TrainingRecord([1, 2], [3], [-0.5], {"power": power}, [1.0], version, 1.0, power, "S1901M")
-    return TrajectoryGroup(gid, "m", power, "S1901M", PolicyRef.parse(version), [record], [1.0], 1.0)
+    ref = PolicyRef.parse(version)
+    record = TrainingRecord([1, 2], [3], [-0.5], {"power": power}, [1.0], ref, 1.0, power, "S1901M")
+    return TrajectoryGroup(gid, "m", power, "S1901M", ref, [record], [1.0], 1.0)
 
 
 class FakeQueue:
@@ -104,6 +105,7 @@ def test_a_pending_batch_written_before_versions_were_parsed_refs_still_resumes(
     (tmp_path / "pending.json").write_text(json.dumps({"for_step": 8, "groups": [group]}))
     [again] = GroupIntake(None, tmp_path, 4, 8).pending(restored_step=6) or []
     assert again == _group("g0", "FRANCE") and again.policy_version == PolicyRef.adapter("main", 3)
+    assert again.records[0].policy_version == PolicyRef.adapter("main", 3)  # the records' versions parsed too
 
 
 @pytest.mark.parametrize("text", ["{torn", "[" * 100_000 + "]" * 100_000])  # torn; nested too deeply (N5)

@@ -124,8 +124,9 @@ def test_a_positive_advantage_completion_becomes_more_likely(shared: Learner, to
     group = make_group(shared.table, tokenizer, shared.latest_version(), [1.0, -1 / 3, -1 / 3, -1 / 3], seed=2)
     before = [sum(s) for s in shared.score(group.records)]
     for _ in range(4):
-        group = on_policy(shared, replace(group, policy_version=PolicyRef.parse(shared.latest_version())))
-        group.records = [replace(r, policy_version=shared.latest_version()) for r in group.records]
+        latest = PolicyRef.parse(shared.latest_version())
+        group = on_policy(shared, replace(group, policy_version=latest))
+        group.records = [replace(r, policy_version=latest) for r in group.records]
         metrics = shared.train_step([group])
         assert metrics.metrics["policy_lag_max"] == 0 and metrics.metrics["dropped_stale"] == 0
     after = [sum(s) for s in shared.score(group.records)]
@@ -149,7 +150,7 @@ def test_stale_and_foreign_groups_are_dropped_and_counted_lagged_ones_use_their_
 
     # lag 2 (allowed): the ratio is taken against v4's weights, the TIS weight against the engine
     lagged = make_group(shared.table, tokenizer, "main@v4", [1.0, -1.0], seed=5)
-    with shared.model.weights(shared._weights_of("main@v4") or {}):
+    with shared.model.weights(shared._weights_of(PolicyRef.adapter("main", 4)) or {}):
         old = shared.score(lagged.records)
     lagged.records = [replace(r, behaviour_logprobs=s) for r, s in zip(lagged.records, old, strict=True)]
     metrics = shared.train_step([lagged])

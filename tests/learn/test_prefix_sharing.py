@@ -22,7 +22,7 @@ from diprl.learn.loss import grpo_loss
 from diprl.learn.model import CompletionHidden, build_peft_model, completion_logprobs, load_lora_state_, lora_state
 from diprl.learn.prefix import build_tree, pack_shared
 from diprl.learn.prefix_attention import use_prefix_attention
-from diprl.messages import Generation, GenerationRequest, TrainingRecord
+from diprl.messages import Generation, GenerationRequest, PolicyRef, TrainingRecord
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
@@ -97,7 +97,7 @@ def records() -> list[PreparedRecord]:
             behaviour_logprobs=[x + float(rng.normal(0, 0.05)) for x in r.logprobs],
             legal=legal,
             advantages=list(rng.normal(size=n)),
-            policy_version="main@v1",
+            policy_version=PolicyRef.adapter("main", 1),
             temperature=0.7 if i % 3 == 0 else 1.0,
             power=str(legal["power"]),
             phase=str(legal["phase"]),

@@ -21,7 +21,7 @@ def _record(version: str = "main@v2") -> TrainingRecord:
         behaviour_logprobs=[-0.5],
         legal={},
         advantages=[1.0],
-        policy_version=version,
+        policy_version=PolicyRef.parse(version),
         temperature=1.0,
         power="FRANCE",
         phase="S1901M",
@@ -46,10 +46,12 @@ def test_a_quarantined_record_and_a_failed_steps_group_are_written_whole_in_thei
     first, second = _lines(tmp_path / "quarantine.jsonl")
     assert list(first) == ["time", "policy", "step", "reason", "error", "group_id", "policy_version", "index", "record"]
     assert first["step"] == 3 and first["index"] == 4 and first["error"] == "x" * 1000
-    assert first["record"] == json.loads(json.dumps(record.__dict__))  # the whole record, nothing lost
+    assert first["record"] == json.loads(json.dumps(record.to_dict()))  # the whole record, nothing lost
+    assert first["record"]["policy_version"] == "main@v2"  # the version as text, as everywhere in JSON
     assert list(second) == ["time", "policy", "step", "reason", "error", "group_id", "policy_version", "group"]
     assert second["reason"] == "learner_error" and second["error"] == "RuntimeError: a bug"
     assert second["group"]["records"][0]["completion_ids"] == [3]
+    assert second["group"]["records"][0]["policy_version"] == "main@v2"
     # the step's report names the entry without the record
     assert bad.origin() == {
         "reason": "nonfinite",
@@ -65,7 +67,7 @@ def test_screening_quarantines_bad_records_and_keeps_the_origins_of_the_rest() -
     origins = [Origin("g", "main@v2", 0), Origin("g", "main@v2", 1), Origin("h", "main@v3", 0)]
 
     def prepare(record: TrainingRecord, i: int) -> PreparedRecord:
-        if record.policy_version == "main@v3":
+        if record.policy_version == PolicyRef.adapter("main", 3):
             raise BadRecord("constraint", f"record {i}: rejected")
         return PreparedRecord([1, 2], [3], [], 1.0, [-0.5], [1.0], record.policy_version)
 

@@ -72,11 +72,8 @@ def test_config_errors_name_the_field() -> None:
 
 
 def _on(group: TrajectoryGroup, version: str) -> TrajectoryGroup:
-    return replace(
-        group,
-        policy_version=PolicyRef.parse(version),
-        records=[replace(r, policy_version=version) for r in group.records],
-    )
+    ref = PolicyRef.parse(version)
+    return replace(group, policy_version=ref, records=[replace(r, policy_version=ref) for r in group.records])
 
 
 @pytest.fixture(scope="module")

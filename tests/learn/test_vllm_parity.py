@@ -16,7 +16,7 @@ from diprl.learn.config import LearnerConfig
 from diprl.learn.learner import Learner
 from diprl.learn.model import lora_state
 from diprl.learn.site import LearnerSite
-from diprl.messages import TrainingRecord
+from diprl.messages import PolicyRef, TrainingRecord
 from diprl.policy.models import ModelSource, TinyModelSpec, TokenizerKind, load_preset, resolve_model_path
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
@@ -81,7 +81,7 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(
             behaviour_logprobs=[],
             legal=q["legal"],
             advantages=[],
-            policy_version=q["policy"],
+            policy_version=PolicyRef.parse(q["policy"]),
             temperature=q["temperature"],
             power=q["legal"]["power"],
             phase=q["legal"]["phase"],
