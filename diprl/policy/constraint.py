@@ -84,14 +84,18 @@ class OrderGrammar:
         self.locs = legal.locs
         self.n_required = legal.n_required
         demands = _support_demands(legal)
-        # The orders the grammar offers, in a fixed order: bit i of a state's `open` is orders[i].
-        self.orders: list[str] = [
-            order for loc in self.locs for order in legal.by_loc[loc] if demands.get(order, ("", "")) is not None
-        ]
+        never = {order for order, demand in demands.items() if demand is None}
+        # The orders the grammar offers, each unit's together: bit i of a state's `open` is orders[i].
+        self.orders: list[str] = []
+        spans: dict[str, range] = {}
+        for loc in self.locs:
+            start = len(self.orders)
+            self.orders += [order for order in legal.by_loc[loc] if order not in never]
+            spans[loc] = range(start, len(self.orders))
         self.waive_bit = 1 << len(self.orders) if legal.allows_waive else 0
         self.full_mask = (1 << len(self.orders)) - 1 | self.waive_bit
         # Closed once an order is written: the other orders of its unit, and those it contradicts.
-        self.closes: list[int] = _closures(legal, self.orders, demands)
+        self.closes: list[int] = _closures(self.orders, spans, demands)
         self.children: list[dict[str, int]] = [{}]
         self.below: list[int] = [0]  # the orders below each node
         self.ends: list[int] = [-1]  # the index of the order ending at each node (-1: none; WAIVE: len(orders))
@@ -280,17 +284,14 @@ def contradicted_supports(legal: PowerOrders, orders: Sequence[str]) -> list[str
     return out
 
 
-def _closures(legal: PowerOrders, orders: Sequence[str], demands: Mapping[str, Demand]) -> list[int]:
+def _closures(orders: Sequence[str], spans: Mapping[str, range], demands: Mapping[str, Demand]) -> list[int]:
     """For each order, the bitmask of orders that writing it closes: its unit's (itself included) and
     those it contradicts (an own support and its unit's order disagreeing, or two own supports of one
     unit asking for different things). Symmetric, so the order in which units are written is free.
-    `orders` lists each unit's orders together (the grammar's indexing)."""
-    closes: list[int] = []
-    span: dict[str, range] = {}
-    for loc in legal.locs:
-        n = sum(1 for o in legal.by_loc[loc] if demands.get(o, ("", "")) is not None)
-        span[loc] = range(len(closes), len(closes) + n)
-        closes += [((1 << n) - 1) << len(closes)] * n
+    `spans` gives each unit's indices in `orders` (the grammar's indexing)."""
+    closes = [0] * len(orders)
+    for span in spans.values():
+        closes[span.start : span.stop] = [((1 << len(span)) - 1) << span.start] * len(span)
     if not demands:
         return closes
     index = {order: i for i, order in enumerate(orders)}
@@ -302,9 +303,9 @@ def _closures(legal: PowerOrders, orders: Sequence[str], demands: Mapping[str, D
     for target, by_wanted in asked.items():
         wanted_bits = {wanted: sum(1 << i for i in supports) for wanted, supports in by_wanted.items()}
         all_supports = sum(wanted_bits.values())
-        unit = ((1 << len(span[target])) - 1) << span[target].start
+        unit = ((1 << len(spans[target])) - 1) << spans[target].start
         by_intent: dict[str, int] = {}
-        for i in span[target]:
+        for i in spans[target]:
             intent = _intent(orders[i])
             by_intent[intent] = by_intent.get(intent, 0) | 1 << i
             closes[i] |= all_supports & ~wanted_bits.get(intent, 0)
