@@ -13,7 +13,8 @@ bots-only run starts nothing. Options are checked before anything starts: an unk
 value or an unknown PolicyRef is an error (exit status 2). A run whose hero got only errors from the
 PolicyServer (its units held all game) keeps its report but exits with status 1.
 
-Writes `report.json` and PNG plots to `out` (replays under `out/replays/` with `replays=N`),
+Writes `report.json` and PNG plots to `out` (replays under `out/replays/` with `replays=N`, each crossplay
+pair's under `out/crossplay_replays/<hero>_vs_<opponent>/` with `crossplay_replays=N`),
 prints the report, and ends with the line `hero_solo_rate=<x> hero_mean_sc=<y>`. A progress bar
 goes to stderr when it is a terminal (`progress=false`: none); library logs stay at WARNING unless
 `verbose=true` (see `diprl.console`).
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from diprl.inference.config import ServerConfig
 
 PROG = "python -m diprl.evaluate"
+CROSSPLAY_REPLAYS = "crossplay_replays"  # under `out`: one folder a pair, `<hero>_vs_<opponent>/game0000/`
 
 
 @dataclass
@@ -79,12 +81,19 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
         replay_dir=str(out / "replays") if config.replays else None,
     )
     plan = Plan(config, suite)
+    if config.crossplay_replays and not config.crossplay:
+        raise ValueError("crossplay_replays=N needs crossplay=[refA,refB,...]: there are no pairs to keep replays of")
     if config.crossplay:
         from diprl.eval.crossplay import crossplay_configs
 
         games = config.crossplay_games or config.games
+        if not 0 <= config.crossplay_replays <= games:
+            raise ValueError(f"crossplay_replays must be between 0 and the crossplay games ({games}), got "
+                             f"{config.crossplay_replays}")  # fmt: skip
         template = replace(suite, play=replace(suite.play, games=games, replays=0), replay_dir=None)
-        plan.crossplay = crossplay_configs(config.crossplay, template)
+        plan.crossplay = crossplay_configs(
+            config.crossplay, template, config.crossplay_replays, out / CROSSPLAY_REPLAYS
+        )
     zoo = zoo_model(plan.llm_refs)
     if zoo is not None and not config.served_model:
         plan.config = config = replace(config, served_model=zoo)  # a zoo entry is served on its own model
@@ -168,6 +177,8 @@ def run(plan: Plan, client: PolicyClient | None = None) -> dict[str, Any]:
     report["plots"] = [str(p) for p in write_plots([reports[0]], out, crossplay)]
     if config.replays:
         report["replays"] = sorted(str(p) for p in (out / "replays").glob("*/index.html"))
+    if plan.crossplay and config.crossplay_replays:
+        report["crossplay_replays"] = sorted(str(p) for p in (out / CROSSPLAY_REPLAYS).glob("*/*/index.html"))
     return report
 
 
@@ -188,8 +199,9 @@ def main(argv: Sequence[str] | None = None, client: PolicyClient | None = None) 
 
         lines += ["", *format_crossplay(report["crossplay"])]
     lines += ["", f"report: {Path(plan.config.out) / 'report.json'}; plots: {', '.join(report['plots'])}"]
-    if report.get("replays"):
-        lines.append(f"replays (open in a browser): {', '.join(report['replays'])}")
+    for key, what in (("replays", "replays"), ("crossplay_replays", "crossplay replays")):
+        if report.get(key):
+            lines.append(f"{what} (open in a browser): {', '.join(report[key])}")
     print("\n".join(lines))
     print(summary_line(report))
     problem = unmeasured_hero(report)

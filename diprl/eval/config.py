@@ -98,6 +98,8 @@ class EvaluateConfig(GamesConfig):
     workers: int = 1  # processes for bots-only suites
     crossplay: list[str] = field(default_factory=list)  # [refA,refB,...]: each as hero vs 6 of each other
     crossplay_games: int = 0  # games per ordered pair; 0: `games`
+    # each pair's first N crossplay games as replays, under `out/crossplay_replays/<hero>_vs_<opponent>/`
+    crossplay_replays: int = 0
     out: str = "runs/eval/latest"
     adapters: str = "runs/adapters"  # the AdapterStore holding <policy>@v<N> (standalone runs)
     server: str = "local"  # conf/inference/<name>.yaml: the PolicyServer started for LLM seats

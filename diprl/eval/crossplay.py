@@ -35,25 +35,42 @@ from typing import Any
 from diprl.eval.suite import SuiteConfig
 
 
-def crossplay_configs(refs: Sequence[str], template: SuiteConfig) -> list[SuiteConfig]:
-    """One suite per ordered pair of distinct `refs`, each like `template` (no replays)."""
+def crossplay_configs(
+    refs: Sequence[str], template: SuiteConfig, replays: int = 0, replay_root: Path | None = None
+) -> list[SuiteConfig]:
+    """One suite per ordered pair of distinct `refs`, each like `template`; with `replays`, each pair's first
+    `replays` games are written under `replay_root/<hero>_vs_<opponent>/` (none otherwise)."""
     refs = list(refs)
     if len(refs) < 2:
         raise ValueError(f"crossplay needs at least two policies, got {refs}")
     if len(set(refs)) != len(refs):
         raise ValueError(f"crossplay policies must be distinct, got {refs}")
-    play = replace(template.play, replays=0)
+    if replays and replay_root is None:
+        raise ValueError("crossplay replays need a folder to go to (replay_root)")
+    play = replace(template.play, replays=replays)  # GamesConfig checks 0 <= replays <= games
     return [
-        replace(template, policy=a, opponents=[b], play=play, replay_dir=None, label=f"{a} vs {b}")
+        replace(
+            template,
+            policy=a,
+            opponents=[b],
+            play=play,
+            replay_dir=str(replay_root / pair_folder(a, b)) if replays and replay_root else None,
+            label=f"{a} vs {b}",
+        )
         for a in refs
         for b in refs
         if a != b
     ]
 
 
+def pair_folder(hero: str, opponent: str) -> str:
+    """The folder name of one pair's replays: `<hero>_vs_<opponent>`, a bot's colon made an underscore."""
+    return f"{hero}_vs_{opponent}".replace(":", "_")
+
+
 def pair_replay_dir(rounds_dir: Path, tag: str, hero: str, opponent: str) -> Path:
     """Where a round's replays of one pair go (see the module doc); refs and tag are checked by the caller."""
-    return rounds_dir / tag / f"{hero}_vs_{opponent}".replace(":", "_")
+    return rounds_dir / tag / pair_folder(hero, opponent)
 
 
 def prune_replay_rounds(rounds_dir: Path, keep: int, current: str) -> list[str]:

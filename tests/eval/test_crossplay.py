@@ -70,8 +70,17 @@ def test_configs_cover_every_ordered_pair_once() -> None:
 
 def test_cli_crossplay_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["policy=bot:dumbbot", "opponents=bot:hold", "games=7", "max_year=1902", f"out={tmp_path}",
-            "crossplay=[bot:dumbbot,bot:hold]", "critical_supports=false", "progress=false"]  # fmt: skip
+            "crossplay=[bot:dumbbot,bot:hold]", "crossplay_replays=1", "critical_supports=false",
+            "progress=false"]  # fmt: skip
     assert evaluate.main(argv) == 0
+    printed = capsys.readouterr().out
+    # Each pair's first game is a replay of its own, printed for the browser; the main suite keeps none.
+    pairs = sorted(p.name for p in (tmp_path / "crossplay_replays").iterdir())
+    assert pairs == ["bot_dumbbot_vs_bot_hold", "bot_hold_vs_bot_dumbbot"]
+    for pair in pairs:
+        assert sorted(p.name for p in (tmp_path / "crossplay_replays" / pair).iterdir()) == ["game0000"]
+        assert str(tmp_path / "crossplay_replays" / pair / "game0000" / "index.html") in printed
+    assert not (tmp_path / "replays").exists()
     report = json.loads((tmp_path / "report.json").read_text())
     cross = report["crossplay"]
     assert cross["policies"] == ["bot:dumbbot", "bot:hold"]
@@ -79,4 +88,4 @@ def test_cli_crossplay_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert cross["payoff"][0][1] > 0.5 > cross["payoff"][1][0]
     assert cross["nash"]["bot:dumbbot"] > 0.99
     assert (tmp_path / "crossplay.png").is_file()
-    assert "crossplay payoff" in capsys.readouterr().out
+    assert "crossplay payoff" in printed

@@ -134,6 +134,22 @@ def test_the_command_lines_games_keys_reach_every_suite(tmp_path: Path) -> None:
     assert plan.suite.replay_dir == str(tmp_path / "replays")
     # Crossplay pairs play crossplay_games each, the same years and seeds, and write no replays.
     assert [c.play for c in plan.crossplay] == [GamesConfig(games=1, max_year=1903, seed=2, temperature=0.0)] * 2
+    assert [c.replay_dir for c in plan.crossplay] == [None, None]
+    # With crossplay_replays, each pair's first games go to a folder of the pair's own.
+    kept = evaluate.make_plan(
+        load_evaluate_config([*argv, "crossplay=[bot:random,bot:hold]", "crossplay_games=2", "crossplay_replays=1"])
+    )
+    assert [c.play.replays for c in kept.crossplay] == [1, 1]
+    assert [c.replay_dir for c in kept.crossplay] == [
+        str(tmp_path / "crossplay_replays" / "bot_random_vs_bot_hold"),
+        str(tmp_path / "crossplay_replays" / "bot_hold_vs_bot_random"),
+    ]
+    pairs = [*argv, "crossplay=[bot:random,bot:hold]", "crossplay_games=2"]
+    for bad in ("crossplay_replays=3", "crossplay_replays=-1"):
+        with pytest.raises(ValueError, match="between 0 and the crossplay games"):
+            evaluate.make_plan(load_evaluate_config([*pairs, bad]))
+    with pytest.raises(ValueError, match="needs crossplay"):
+        evaluate.make_plan(load_evaluate_config([*argv, "crossplay_replays=1"]))
 
 
 def test_an_adapter_wider_than_the_served_model_fails_before_play_and_model_serves_it(
