@@ -85,7 +85,10 @@ def test_the_summary_takes_each_points_last_figures(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_two_point_sweep_gives_each_point_its_run_directory_and_a_summary(tmp_path: Path) -> None:
+def test_a_sweep_gives_each_point_its_run_directory_runs_on_past_a_failed_point_and_sums_up(tmp_path: Path) -> None:
+    """Two points, one trained for real and one refused by the config check (`learner.lr=-1`, exit status 2
+    before anything starts): the sweep runs both, records each exit code, and exits with the failed one's; the
+    summary has a row for each. (One real run: each costs a Ray, a PolicyServer and a learner start.)"""
     sweep_dir = tmp_path / "sweep"
     command = [
         sys.executable,
@@ -93,7 +96,7 @@ def test_a_two_point_sweep_gives_each_point_its_run_directory_and_a_summary(tmp_
         "diprl.train",
         "-m",
         "+experiment=smoke",
-        "learner.lr=1e-3,1e-2",
+        "learner.lr=1e-3,-1",
         "train.max_steps=1",
         "train.max_minutes=6",
         "train.wandb=false",
@@ -105,18 +108,19 @@ def test_a_two_point_sweep_gives_each_point_its_run_directory_and_a_summary(tmp_
         f"train.run_dir={sweep_dir}",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=ROOT, env=dict(os.environ))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "lr must be positive" in done.stderr
     points = json.loads((sweep_dir / "sweep.json").read_text())["points"]
     assert [p["run_dir"] for p in points] == [str(sweep_dir / "0"), str(sweep_dir / "1")]
-    for point, lr in zip(points, ("0.001", "0.01"), strict=True):
-        run_dir = Path(point["run_dir"])
-        assert point["exit_code"] == 0
-        assert f"lr: {lr}" in (run_dir / "config.yaml").read_text()
-        assert list((run_dir / "provenance").glob("*.json"))
-        assert (run_dir / "checkpoints" / "main" / "step-1").is_dir()
+    assert [p["exit_code"] for p in points] == [0, 2]
+    trained = Path(points[0]["run_dir"])
+    assert "lr: 0.001" in (trained / "config.yaml").read_text()
+    assert list((trained / "provenance").glob("*.json"))
+    assert (trained / "checkpoints" / "main" / "step-1").is_dir()
+    assert not Path(points[1]["run_dir"]).exists()  # refused before it took a directory
     summary = subprocess.run(
         [sys.executable, "-m", "diprl.sweep", str(sweep_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert summary.returncode == 0, summary.stderr
     rows = [line for line in summary.stdout.splitlines() if line.startswith("| learner.lr=")]
-    assert len(rows) == 2 and all("| 1 |" in row for row in rows), summary.stdout
+    assert len(rows) == 2 and "| 1 |" in rows[0] and "| 2 |" in rows[1], summary.stdout

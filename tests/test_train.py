@@ -391,6 +391,8 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     """
     run_dir = tmp_path / "run"
     common = ["+experiment=smoke", "train.dashboard=false", "learner.checkpoint_every=3"]
+    # The league's evaluation side, off in the smoke experiment for time: one snapshot pinned, one crossplay pair.
+    common += ["league.health.pin_every=1", "league.health.pin_max=1", "league.health.crossplay_pairs=1"]
     chaos = "[rollout-0,league,learner-main,policy-server,group-ledger]"
     port = "inference.port=0"
     assert main([*common, port, f"train.run_dir={run_dir}", f"train.chaos={chaos}", "train.max_steps=3"]) == 0
@@ -412,6 +414,11 @@ def test_smoke_run_survives_killed_actors_sigkill_and_sigterm_and_counts_every_s
     assert league["reported"]["matches"] >= 3 and any(m["games"] > 0 and m["mu"] != 25.0 for m in league["pool"])
     evals = [r for r in records if r["kind"] == "eval"]
     assert evals[0]["version"] == "main@v1" and evals[-1]["step"] == 3  # at the start and the end
+    # A snapshot pinned into the evaluator's pool is played at the end; a crossplay round followed an evaluation.
+    pins = [r["league/eval_pin"] for r in records if r["kind"] == "league" and "league/eval_pin" in r]
+    assert pins and any(r["opponents"] in pins and r["eval/games"] == 7 for r in evals), (pins, evals)
+    rounds = [r for r in records if r["kind"] == "league" and "league/crossplay" in r]
+    assert rounds and all(r["league/crossplay_games"] == 7 for r in rounds), rounds
     assert Path(evals[-1]["eval/report"]).is_file()
     [start] = sorted((run_dir / "provenance").glob("*.json"))  # what made the run, recorded at its start
     assert json.loads(start.read_text())["code"]["commit"]

@@ -2,7 +2,8 @@
 than self-play for the same compute? (issue 36)
 
     python -m diprl.bench league-value [--minutes 15] [--start pretrained|base|imitation] [--exploit-minutes E]
-        [--games 14] [--exploit-games 56] [--max-year 1906] [--out DIR] [--final NAME=REF ...] [overrides ...]
+        [--games 14] [--exploit-games 56] [--max-year 1906] [--out DIR] [--final NAME=REF ...]
+        [--exploiter NAME=REF ...] [overrides ...]
 
 1. Train. From one start (`--start`, stated in the output): `pretrained` (the default: `model=tiny_pretrained`,
    zoo:pretrained's body, a fresh LoRA on top, RL anchored to it as in `+experiment=teacher`), `base` (the
@@ -24,7 +25,8 @@ than self-play for the same compute? (issue 36)
      share - 1/2, is that main's exploitability; its lower bound max(0, low - 1/2) is what the league reports.
 
 A planted final (`--final selfplay=bot:hold`, or an adapter directory from an earlier run) skips that
-training: a quick check of the machinery, or a second look at finals already trained. Stages already done in
+training, and so does a planted exploiter (`--exploiter league=bot:dumbbot`: a fixed exploiter, or one
+trained before): a quick check of the machinery, or a second look at finals already trained. Stages already done in
 `--out` (their record under `stages/`) are not done again, so a stopped bench continues where it was.
 Writes `<out>/league_value.json`, `crossplay.png` and `exploitability.png`. Last line:
 `exploitability_selfplay=<x> exploitability_pfsp=<y> exploitability_league=<z> nash_selfplay=... nash_pfsp=...
@@ -134,23 +136,24 @@ def exploit_args(
     ]
 
 
-def parse_finals(items: Sequence[str]) -> dict[str, str]:
-    """`--final NAME=REF` items as {experiment: a rule bot's PolicyRef, or an adapter directory}."""
+def parse_finals(items: Sequence[str], option: str = "--final") -> dict[str, str]:
+    """`--final NAME=REF` items as {experiment: a rule bot's PolicyRef, or an adapter directory}; with
+    `option="--exploiter"`, the same for planted exploiters (any rule bot: they are not in the crossplay)."""
     out = {}
     for item in items:
         name, sep, ref = item.partition("=")
         if not sep or name not in EXPERIMENTS:
-            raise ValueError(f"--final {item!r}: expected NAME=REF with NAME one of {', '.join(EXPERIMENTS)}")
+            raise ValueError(f"{option} {item!r}: expected NAME=REF with NAME one of {', '.join(EXPERIMENTS)}")
         if ref.startswith("bot:"):
-            if ref in ANCHORS:
-                raise ValueError(f"--final {item!r}: {ref} is already in the crossplay as an anchor")
+            if option == "--final" and ref in ANCHORS:
+                raise ValueError(f"{option} {item!r}: {ref} is already in the crossplay as an anchor")
             from diprl.eval.refs import check_policy_ref
 
             check_policy_ref(ref)
         elif Path(ref).is_dir():
             ref = str(Path(ref).resolve())  # the exploiter's run reads it too
         else:
-            raise ValueError(f"--final {item!r}: neither bot:<name> nor an adapter directory")
+            raise ValueError(f"{option} {item!r}: neither bot:<name> nor an adapter directory")
         out[name] = ref
     return out
 
@@ -352,6 +355,7 @@ def run_bench(
     max_year: int = 1906,
     planted: Mapping[str, str] | None = None,
     overrides: Sequence[str] = (),
+    planted_exploiters: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every stage (see the module doc); returns the summary written to `out/league_value.json`."""
     from diprl.atomic_io import write_json_atomic
@@ -361,7 +365,7 @@ def run_bench(
     from diprl.eval.suite import SuiteConfig, run_suites
     from diprl.evaluate import local_policy_client
 
-    planted = dict(planted or {})
+    planted, planted_exploiters = dict(planted or {}), dict(planted_exploiters or {})
     start = start_of(start_name, out)
     store_root = out / "adapters"
     train: dict[str, dict[str, Any]] = {}
@@ -377,10 +381,13 @@ def run_bench(
         finals[e] = _bench_ref(store_root, e, train[e])
     for e in EXPERIMENTS:
         run_dir = out / "exploit" / e
-        # An adapter final is brought into the exploiter's run under the name it has in the bench's store.
-        frozen = {e: str(train[e]["final_dir"])} if "final_dir" in train[e] else {}
-        args = exploit_args(finals[e], exploit_minutes, run_dir, start, frozen, overrides)
-        exploit_runs[e] = _stage(out, f"exploit-{e}", _train, args, run_dir)
+        if e in planted_exploiters:
+            exploit_runs[e] = _stage(out, f"exploit-{e}", _planted, planted_exploiters[e])
+        else:
+            # An adapter final is brought into the exploiter's run under the name it has in the bench's store.
+            frozen = {e: str(train[e]["final_dir"])} if "final_dir" in train[e] else {}
+            args = exploit_args(finals[e], exploit_minutes, run_dir, start, frozen, overrides)
+            exploit_runs[e] = _stage(out, f"exploit-{e}", _train, args, run_dir)
         exploiters[e] = _bench_ref(store_root, f"{EXPLOITER_PREFIX}{e}", exploit_runs[e])
 
     play = GamesConfig(games=games, max_year=max_year, seed=SEED, temperature=0.0, critical_supports=False)
@@ -448,6 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--final", action="append", default=[], metavar="NAME=REF",
         help="plant a final instead of training it: bot:<name> or an adapter directory (repeatable)",
     )  # fmt: skip
+    parser.add_argument(
+        "--exploiter", action="append", default=[], metavar="NAME=REF",
+        help="plant an exploiter instead of training it: bot:<name> or an adapter directory (repeatable)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path(f"runs/bench-league-value-{time.strftime('%Y%m%d-%H%M%S')}"))
     parser.add_argument("overrides", nargs="*", help="training overrides for every run (Hydra syntax)")
     args = parser.parse_args(argv)
@@ -459,12 +470,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_max_year(args.max_year)
         planted = parse_finals(args.final)
+        planted_exploiters = parse_finals(args.exploiter, "--exploiter")
+        for name, ref in planted_exploiters.items():
+            if planted.get(name) == ref:
+                raise ValueError(f"--exploiter {name}={ref}: it is {name}'s planted final itself")
     except ValueError as err:
         parser.error(str(err))
     exploit_minutes = args.minutes / 2.0 if args.exploit_minutes is None else args.exploit_minutes
     summary = run_bench(
         args.out, args.minutes, exploit_minutes, args.start, args.games, args.exploit_games, args.max_year,
-        planted, args.overrides,
+        planted, args.overrides, planted_exploiters,
     )  # fmt: skip
     print("\n".join(summary_lines(summary)))
     return 0
