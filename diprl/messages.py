@@ -3,7 +3,8 @@
 Every actor boundary speaks these types on both sides: rollout workers send `GenerationRequest`s to
 the PolicyServer and get `Generation`s back, the league hands out `Match`es and takes `MatchResult`s,
 rollout workers deliver `TrajectoryGroup`s (of `TrainingRecord`s) through the ledger into a learner's
-queue, a worker reports each match it played as a `MatchReport`, a learner each step as a `StepReport`,
+queue, a worker reports each match it played as a `MatchReport`, a learner each step as a `StepReport`
+(its faults and quarantined records typed as well: `StepFault`, `GroupRestart`, `QuarantinedRecord`),
 and the evaluator each evaluation as an `EvaluationResult`. Plain dataclasses of plain values:
 they pickle cheaply through Ray's object store and become JSON with their `to_dict` (the HTTP route,
 quarantine files, traces, the learner's pending batch), which writes every `PolicyRef` as its text.
@@ -25,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 BOT_PREFIX = "bot:"
 ZOO_PREFIX = "zoo:"
@@ -433,6 +434,72 @@ class MatchReport:
 
 
 # ------------------------------------------------------------------------------------------ learner
+StepFaultKind = Literal["publish_failed", "checkpoint_failed", "nonfinite_gradients"]
+
+
+@dataclass(frozen=True)
+class StepFault:
+    """Something a learner step went on without: a publish or checkpoint that failed (a full disk; tried
+    again after the next step, `error` says why) or an update skipped on non-finite gradients (no error)."""
+
+    fault: StepFaultKind
+    step: int  # the step it happened at (for a skipped update, the step that was not taken)
+    error: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The JSON of a `fault` line in the run's metrics (the driver adds who reported it)."""
+        out: dict[str, Any] = {"fault": self.fault, "step": self.step}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class GroupRestart:
+    """A learner group rebuilt after a rank failed: every rank restarted from the newest checkpoint.
+
+    `replayed_step` is the step trained again on the restored group (None when it was not: the rank
+    raised, which is not retried in place, or the checkpoint already held the step)."""
+
+    fault: ClassVar[Literal["learner_group_restarted"]] = "learner_group_restarted"
+    rank: int  # the rank that failed first
+    cause: Literal["rank_lost", "rank_error"]  # its process died, or it raised
+    error: str
+    step_before: int
+    restored_step: int
+    time: float  # when, as `time.time()`
+    replayed_step: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The JSON of a `fault` line in the run's metrics (the driver adds who reported it)."""
+        out: dict[str, Any] = {"fault": self.fault, **asdict(self)}
+        if self.replayed_step is None:
+            del out["replayed_step"]
+        return out
+
+
+LearnerFault = StepFault | GroupRestart
+
+
+@dataclass(frozen=True)
+class QuarantinedRecord:
+    """Why one record of a step was quarantined and where it came from, without the record (the learner's
+    quarantine file keeps it whole). The version is text: a malformed record may hold anything there."""
+
+    reason: str  # a `BadRecord` reason (nonfinite, constraint, too_long, ...), nonfinite_loss or learner_error
+    error: str
+    group_id: str | None  # None for records handed in without their groups (`train_records`)
+    policy_version: str | None
+    index: int | None = None  # the record's index in the step (None: a whole group)
+
+    def record(self) -> dict[str, Any]:
+        """The JSON of its `quarantined` fault line in the run's metrics (the driver adds who reported it)."""
+        out = asdict(self)
+        if self.index is None:
+            del out["index"]
+        return out
+
+
 @dataclass
 class StepReport:
     """What a learner tells the driver about one `train_step` (taken or not).
@@ -448,8 +515,8 @@ class StepReport:
     version: PolicyRef | None  # the learner's latest version
     published: PolicyRef | None = None  # the version this step published, if any
     checkpoint: str | None = None  # the checkpoint this step wrote, if any
-    faults: list[dict[str, Any]] = field(default_factory=list)  # failed publish/checkpoint, skipped updates
-    quarantined: list[dict[str, Any]] = field(default_factory=list)  # reason and origin of each bad record
+    faults: list[LearnerFault] = field(default_factory=list)  # failed publish/checkpoint, skipped updates, restarts
+    quarantined: list[QuarantinedRecord] = field(default_factory=list)  # reason and origin of each bad record
     metrics: dict[str, Any] = field(default_factory=dict)
     pid: int = 0
 

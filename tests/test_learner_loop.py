@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from diprl.league.role_state import VersionDecision
-from diprl.messages import Match, MatchReport, PolicyRef, StepReport
+from diprl.messages import Match, MatchReport, PolicyRef, QuarantinedRecord, StepReport
 from diprl.run.journal import Journal
 from diprl.run.learning import LearnerLoop
 from diprl.run.matches import MatchScheduler
@@ -171,7 +171,7 @@ def test_each_policys_groups_are_counted_where_they_went(tmp_path: Path, monkeyp
     )
     loop.start()
     assert loop.trained_share("main") == 12 / 40
-    bad = [{"group_id": "m1/S1901M/FRANCE", "index": 0}, {"group_id": "m1/S1901M/FRANCE", "index": 1}]
+    bad = [QuarantinedRecord("constraint", "...", "m1/S1901M/FRANCE", "main@v6", i) for i in (0, 1)]
     answer(
         loop,
         StepReport(

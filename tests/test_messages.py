@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from dataclasses import replace
 
 import pytest
 import ray.cloudpickle
@@ -12,10 +13,13 @@ from diprl.messages import (
     BASE_REF,
     Generation,
     GenerationRequest,
+    GroupRestart,
     Match,
     MatchResult,
     PolicyRef,
+    QuarantinedRecord,
     RefKind,
+    StepFault,
     StepReport,
     TrainingRecord,
     TrajectoryGroup,
@@ -147,6 +151,60 @@ def test_refs_cross_the_ray_boundary_parsed_and_become_text_only_in_json() -> No
     assert again == group and isinstance(again.records[0].policy_version, PolicyRef)
     record = json.loads(json.dumps(_record().to_dict()))
     assert record["policy_version"] == "main@v3" and TrainingRecord.from_dict(record) == _record()
+
+
+def test_a_step_reports_faults_and_quarantined_records_cross_ray_typed_and_log_the_same_lines() -> None:
+    """The fault lines the driver writes (`record()`) keep the keys, order and values of the dicts the
+    report carried before these were typed: a run's metrics.jsonl reads the same."""
+    restart = GroupRestart(1, "rank_lost", "RayActorError('rank 1 died')", 2, 2, 1_700_000_000.5)
+    bad = QuarantinedRecord("constraint", "record 2: rejected", "m/S1901M/FRANCE", "main@v2", 2)
+    report = StepReport(
+        "main",
+        3,
+        True,
+        PolicyRef.parse("main@v4"),
+        faults=[
+            replace(restart, replayed_step=3),
+            StepFault("publish_failed", 3, "OSError: full"),
+            StepFault("nonfinite_gradients", 4),
+        ],
+        quarantined=[bad],
+    )
+    back = ray.cloudpickle.loads(ray.cloudpickle.dumps(report))
+    assert back == report and isinstance(back.faults[0], GroupRestart) and back.quarantined == [bad]
+    lines = [json.loads(json.dumps(f.record())) for f in report.faults]
+    assert lines == [
+        {
+            "fault": "learner_group_restarted",
+            "rank": 1,
+            "cause": "rank_lost",
+            "error": "RayActorError('rank 1 died')",
+            "step_before": 2,
+            "restored_step": 2,
+            "time": 1_700_000_000.5,
+            "replayed_step": 3,
+        },
+        {"fault": "publish_failed", "step": 3, "error": "OSError: full"},
+        {"fault": "nonfinite_gradients", "step": 4},  # no error key, as before
+    ]
+    assert list(lines[0]) == [
+        "fault",
+        "rank",
+        "cause",
+        "error",
+        "step_before",
+        "restored_step",
+        "time",
+        "replayed_step",
+    ]
+    assert "replayed_step" not in restart.record()  # a restart whose step was not trained again
+    assert list(bad.record().items()) == [
+        ("reason", "constraint"),
+        ("error", "record 2: rejected"),
+        ("group_id", "m/S1901M/FRANCE"),
+        ("policy_version", "main@v2"),
+        ("index", 2),
+    ]
 
 
 def test_a_record_written_as_json_before_its_version_was_a_parsed_ref_still_loads() -> None:

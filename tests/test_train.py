@@ -19,7 +19,7 @@ from diprl.inference.adapters import AdapterStore
 from diprl.inference.config import rank_to_serve
 from diprl.league.role_state import VersionDecision
 from diprl.learn.checkpoint import CheckpointDir
-from diprl.messages import PolicyRef, StepReport
+from diprl.messages import PolicyRef, QuarantinedRecord, StepFault, StepReport
 from diprl.run.config import ConfigError, compose_config
 from diprl.run.rundir import load_counters, prepare_run_dir
 from diprl.tracking import read_metrics
@@ -130,7 +130,7 @@ def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, mo
     Also: after a publish the driver has the learner prune old versions, keeping what the league holds
     and the versions being (or waiting to be) evaluated.
     """
-    quarantined = [{"reason": "constraint", "error": "...", "group_id": "g", "index": 2}]
+    quarantined = [QuarantinedRecord("constraint", "...", "g", "main@v3", 2)]
     outcomes: list[Any] = [
         RuntimeError("one batch the learner could not take"),
         StepReport(
@@ -139,7 +139,7 @@ def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, mo
             True,
             PolicyRef.parse("main@v4"),
             quarantined=quarantined,
-            faults=[{"fault": "publish_failed", "step": 3, "error": "OSError(28, 'No space left on device')"}],
+            faults=[StepFault("publish_failed", 3, "OSError(28, 'No space left on device')")],
             metrics={"quarantined": 1},
         ),
         StepReport("main", 4, True, PolicyRef.parse("main@v5"), published=PolicyRef.parse("main@v5")),
@@ -158,7 +158,25 @@ def test_a_failed_learner_step_is_a_fault_and_the_run_goes_on(tmp_path: Path, mo
     assert prune == (["bot:random", "main@v2", "main@v3", "main@v5"],)
     faults = [values for kind, values in logged if kind == "fault"]
     assert [f.get("fault") for f in faults] == [None, "quarantined", "publish_failed"]
-    assert "one batch" in faults[0]["error"] and faults[1]["group_id"] == "g" and faults[1]["index"] == 2
+    assert "one batch" in faults[0]["error"]
+    # the lines the metrics log gets: the same keys, in the same order, as when reports carried dicts
+    assert [list(f.items()) for f in faults[1:]] == [
+        [
+            ("learner", "main"),
+            ("fault", "quarantined"),
+            ("reason", "constraint"),
+            ("error", "..."),
+            ("group_id", "g"),
+            ("policy_version", "main@v3"),
+            ("index", 2),
+        ],
+        [
+            ("learner", "main"),
+            ("fault", "publish_failed"),
+            ("step", 3),
+            ("error", "OSError(28, 'No space left on device')"),
+        ],
+    ]
     learner = next(values for kind, values in logged if kind == "learner")
     assert learner["quarantined"] == 1 and "quarantined_records" not in learner and learner["step"] == 3
     assert loop.journal.stats.faults == 3

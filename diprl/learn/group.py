@@ -38,7 +38,7 @@ from diprl.learn.intake import GroupIntake
 from diprl.learn.ranks import RankSpec
 from diprl.learn.site import LearnerSite
 from diprl.learn.versions import VersionBook
-from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
+from diprl.messages import GroupRestart, StepReport, TrainingRecord, TrajectoryGroup
 from diprl.ports import free_port
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class LearnerGroup:
         self.versions = VersionBook(config.policy, config.max_policy_lag)
         self.step = 0
         self.restarts = 0
-        self.faults: list[dict[str, Any]] = []  # group restarts not yet reported with a step
+        self.faults: list[GroupRestart] = []  # group restarts not yet reported with a step
         self.ranks: list[Any] = []
         self.placement = self._placement_group()
         self._start()
@@ -242,15 +242,14 @@ class LearnerGroup:
         self._start()
         self.restarts += 1
         self.faults.append(
-            {
-                "fault": "learner_group_restarted",
-                "rank": failure.rank,
-                "cause": "rank_lost" if failure.died else "rank_error",
-                "error": repr(failure.error)[:500],
-                "step_before": before,
-                "restored_step": self.step,
-                "time": time.time(),
-            }
+            GroupRestart(
+                rank=failure.rank,
+                cause="rank_lost" if failure.died else "rank_error",
+                error=repr(failure.error)[:500],
+                step_before=before,
+                restored_step=self.step,
+                time=time.time(),
+            )
         )
 
     def _train(self, method: str, args: tuple[Any, ...], for_step: int) -> StepReport | None:
@@ -263,7 +262,7 @@ class LearnerGroup:
                     raise RuntimeError(f"{self.config.policy} learner group: {failure}") from failure.error
                 if self.step >= for_step:
                     return None
-                self.faults[-1]["replayed_step"] = for_step
+                self.faults[-1] = replace(self.faults[-1], replayed_step=for_step)
                 continue
             return self._reported(report)
         raise AssertionError("unreachable")

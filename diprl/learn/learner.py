@@ -59,7 +59,7 @@ from diprl.learn.report import StepTimer
 from diprl.learn.site import LearnerSite
 from diprl.learn.train_state import base_optimizer
 from diprl.learn.versions import VersionBook
-from diprl.messages import PolicyRef, StepReport, TrainingRecord, TrajectoryGroup
+from diprl.messages import PolicyRef, StepFault, StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer, pad_token_id
 from diprl.policy.vocab import token_table
@@ -328,7 +328,7 @@ class Learner:
             epochs, last = self._later_epochs(screened, [i for i in mine if i not in passes.excluded], rl)
         with timer.phase("optimizer"):
             self.life.stepped(self.model)
-        faults: list[dict[str, Any]] = []
+        faults: list[StepFault] = []
         with timer.phase("publish"):
             published = self.life.publish_due(self.model, faults)
         with timer.phase("checkpoint"):
@@ -490,7 +490,7 @@ class Learner:
             self.config.policy,
             passes.stats.summary(),
         )
-        fault = {"fault": "nonfinite_gradients", "step": self.step + 1}
+        fault = StepFault("nonfinite_gradients", self.step + 1)
         return self._no_step({**extra, "nonfinite_gradients": 1}, timer, quarantined, [fault])
 
     def _no_step(
@@ -498,7 +498,7 @@ class Learner:
         extra: dict[str, Any],
         timer: StepTimer,
         quarantined: Sequence[QuarantineEntry] = (),
-        faults: Sequence[dict[str, Any]] = (),
+        faults: Sequence[StepFault] = (),
     ) -> StepReport:
         metrics = {"tokens": 0, "time_step_s": timer.total(), "quarantined": len(quarantined), **extra}
         return self._report(False, metrics, quarantined, faults)
@@ -508,7 +508,7 @@ class Learner:
         trained: bool,
         metrics: dict[str, Any],
         quarantined: Sequence[QuarantineEntry] = (),
-        faults: Sequence[dict[str, Any]] = (),
+        faults: Sequence[StepFault] = (),
         published: str | None = None,
         checkpoint: str | None = None,
     ) -> StepReport:

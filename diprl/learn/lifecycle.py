@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -42,7 +42,7 @@ from diprl.learn.report import MetricsLog
 from diprl.learn.state_files import read_state, state_paths, write_state
 from diprl.learn.train_state import engine_state, restore_engine_state, restore_rng_state, rng_state
 from diprl.learn.versions import VersionBook
-from diprl.messages import ZOO_PREFIX, PolicyRef, UnknownPolicyRef
+from diprl.messages import ZOO_PREFIX, PolicyRef, StepFault, StepFaultKind, UnknownPolicyRef
 from diprl.policy.models import ModelPreset
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class Lifecycle:
         for name, value in lora_state(model.peft).items():
             self.ema[name].mul_(decay).add_(value, alpha=1.0 - decay)
 
-    def publish_due(self, model: TrainedModel, faults: list[dict[str, Any]]) -> str | None:
+    def publish_due(self, model: TrainedModel, faults: list[StepFault]) -> str | None:
         """Publish at the cadence, or now if the last try failed; a storage failure becomes a fault."""
         if not (self._publish_due or self.step % self.config.publish_every == 0):
             return None
@@ -192,7 +192,7 @@ class Lifecycle:
         self._publish_due = False
         return name
 
-    def checkpoint_due(self, model: TrainedModel, faults: list[dict[str, Any]]) -> str | None:
+    def checkpoint_due(self, model: TrainedModel, faults: list[StepFault]) -> str | None:
         """Checkpoint at the cadence, or now if the last try failed; a storage failure becomes a fault."""
         every = self.config.checkpoint_every
         if not (self._checkpoint_due or (every and self.step % every == 0)):
@@ -206,12 +206,13 @@ class Lifecycle:
         self._checkpoint_due = False
         return path
 
-    def _fault(self, faults: list[dict[str, Any]], what: str, err: Exception) -> None:
+    def _fault(self, faults: list[StepFault], what: Literal["publish", "checkpoint"], err: Exception) -> None:
         self.counters[f"{what}_failures"] += 1
         logger.error(
             "%s step %d: %s failed, retried after the next step (%s)", self.config.policy, self.step, what, err
         )
-        faults.append({"fault": f"{what}_failed", "step": self.step, "error": f"{type(err).__name__}: {err}"[:500]})
+        kind: StepFaultKind = "publish_failed" if what == "publish" else "checkpoint_failed"
+        faults.append(StepFault(kind, self.step, f"{type(err).__name__}: {err}"[:500]))
 
     # ------------------------------------------------------------------ versions
     def publish(self, model: TrainedModel) -> str:

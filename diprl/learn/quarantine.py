@@ -8,7 +8,7 @@ itself fails (a bug, not a record), the groups it was given are kept the same wa
 before the error goes to the caller.
 
 The file's lines are the JSON form of `QuarantineEntry` with the time, policy and step in front; the
-step's `StepReport.quarantined` carries the same entries without the record.
+step's `StepReport.quarantined` carries the same entries without the record (`QuarantinedRecord`s).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.learn.batching import BadRecord, PreparedRecord
-from diprl.messages import PolicyRef, TrainingRecord, TrajectoryGroup
+from diprl.messages import PolicyRef, QuarantinedRecord, TrainingRecord, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +66,10 @@ class QuarantineEntry:
             group=group,
         )
 
-    def origin(self) -> dict[str, Any]:
+    def origin(self) -> QuarantinedRecord:
         """Reason and origin, without the record (what the step's report carries; the file keeps the record)."""
-        return {k: v for k, v in self._fields().items() if k not in ("record", "group")}
+        index = None if self.group is not None else self.index
+        return QuarantinedRecord(self.reason, self.error, self.group_id, self.policy_version, index)
 
     def line(self) -> dict[str, Any]:
         """The quarantine file's JSON of this entry (without its time, policy and step)."""

@@ -63,7 +63,7 @@ class GroupCounts:
         self.trained += int(m.get("groups", 0))
         self.dropped_stale += int(m.get("dropped_stale", 0))
         self.dropped_foreign += int(m.get("dropped_foreign", 0))
-        self.quarantined += len({q.get("group_id") for q in report.quarantined})
+        self.quarantined += len({q.group_id for q in report.quarantined})
 
     def record(self, delivered: int) -> dict[str, Any]:
         """The `groups/...` fields of a `rollout` record."""
@@ -202,9 +202,9 @@ class LearnerLoop:
         self._ask_again(policy)
         asked = time.monotonic()
         for q in report.quarantined:
-            self.journal.fault({"learner": policy, "fault": "quarantined", **q}, policy)
+            self.journal.fault({"learner": policy, "fault": "quarantined", **q.record()}, policy)
         for fault in report.faults:
-            self.journal.fault({"learner": policy, **fault}, policy)
+            self.journal.fault({"learner": policy, **fault.record()}, policy)
         if report.step < previous or (report.trained and report.step == previous):
             # Ray restarted the learner: it restored its newest checkpoint and redid this step.
             restored = report.step - int(report.trained)

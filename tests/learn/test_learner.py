@@ -34,7 +34,7 @@ from diprl.learn.model import (
 )
 from diprl.learn.site import LearnerSite
 from diprl.learn.train_state import engine_state, rng_state
-from diprl.messages import PolicyRef, TrainingRecord
+from diprl.messages import PolicyRef, StepFault, TrainingRecord
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.tracking import read_metrics
@@ -414,8 +414,7 @@ def test_one_bad_record_is_quarantined_and_the_rest_of_the_step_trains(
     forced = sum(len(a) == 1 for r in kept for a in r.allowed) / sum(len(r.completion_ids) for r in kept)
     assert 0 < metrics.metrics["forced_token_share"] == pytest.approx(forced)  # the trained records' share
     [entry] = metrics.quarantined
-    assert entry["reason"] == reason and entry["index"] == 2
-    assert entry["group_id"] == group.group_id and entry["policy_version"] == version
+    assert (entry.reason, entry.index, entry.group_id, entry.policy_version) == (reason, 2, group.group_id, version)
     assert shared.counters["quarantined"] == before + 1
     [saved] = _lines(quarantine)[len(lines_before) :]
     assert saved["reason"] == reason and saved["index"] == 2 and saved["group_id"] == group.group_id
@@ -448,6 +447,7 @@ def test_non_finite_weights_skip_the_step_without_quarantining_good_records(shar
         metrics.trained is False and metrics.metrics["nonfinite_gradients"] == 1 and metrics.metrics["quarantined"] == 0
     )
     assert shared.step == step and shared.counters["nonfinite_steps"] == skipped + 1
+    assert metrics.faults == [StepFault("nonfinite_gradients", step + 1)]
     # DeepSpeed cleared the poisoned gradients: the next step is an ordinary one
     metrics = shared.train_step([group])
     assert metrics.trained is True and math.isfinite(metrics.metrics["grad_norm"])
@@ -476,8 +476,11 @@ def test_a_full_disk_at_publish_or_checkpoint_is_a_fault_and_retried_next_step(
     metrics = shared.train_step([group])
     assert metrics.trained is True and shared.step == step + 1
     assert metrics.published is None and metrics.checkpoint is None
-    assert [f["fault"] for f in metrics.faults] == ["publish_failed", "checkpoint_failed"]
-    assert "No space left" in metrics.faults[0]["error"]
+    assert [(f.fault, f.step) for f in metrics.faults] == [
+        ("publish_failed", step + 1),
+        ("checkpoint_failed", step + 1),
+    ]
+    assert all("No space left" in str(f.error) for f in metrics.faults)
     # nothing half-published: the same versions, no temp directory left behind
     assert [str(r) for r in shared.store.versions("main")] == versions
     assert not [p for p in (shared.store.root / "main").iterdir() if p.name.startswith(".")]

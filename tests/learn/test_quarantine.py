@@ -11,7 +11,7 @@ from diprl.learn import report
 from diprl.learn.batching import BadRecord, PreparedRecord
 from diprl.learn.quarantine import Origin, QuarantineEntry, QuarantineFile, screen
 from diprl.learn.report import StepTimer
-from diprl.messages import PolicyRef, TrainingRecord, TrajectoryGroup
+from diprl.messages import PolicyRef, QuarantinedRecord, TrainingRecord, TrajectoryGroup
 
 
 def _record(version: str = "main@v2") -> TrainingRecord:
@@ -53,13 +53,9 @@ def test_a_quarantined_record_and_a_failed_steps_group_are_written_whole_in_thei
     assert second["group"]["records"][0]["completion_ids"] == [3]
     assert second["group"]["records"][0]["policy_version"] == "main@v2"
     # the step's report names the entry without the record
-    assert bad.origin() == {
-        "reason": "nonfinite",
-        "error": "x" * 1000,
-        "group_id": "g1",
-        "policy_version": "main@v2",
-        "index": 4,
-    }
+    assert bad.origin() == QuarantinedRecord("nonfinite", "x" * 1000, "g1", "main@v2", 4)
+    assert failed.origin() == QuarantinedRecord("learner_error", "RuntimeError: a bug", "g1", "main@v2", None)
+    assert failed.origin().record() == {k: second[k] for k in ("reason", "error", "group_id", "policy_version")}
 
 
 def test_screening_quarantines_bad_records_and_keeps_the_origins_of_the_rest() -> None:

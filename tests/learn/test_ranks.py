@@ -24,7 +24,7 @@ from diprl.learn.learner import Learner
 from diprl.learn.model import lora_state, read_adapter_dir
 from diprl.learn.ranks import split_by_tokens
 from diprl.learn.site import LearnerSite
-from diprl.messages import PolicyRef, TrajectoryGroup
+from diprl.messages import GroupRestart, PolicyRef, TrajectoryGroup
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.tracking import read_metrics
@@ -197,16 +197,14 @@ def test_a_lost_rank_restarts_the_group_from_its_checkpoint_and_no_step_is_lost_
     os.kill(before[1], signal.SIGKILL)  # between steps
     report = _step(actor, queue, batches[2])
     assert report.step == 3 and report.trained
-    restarts = [f for f in report.faults if f.get("fault") == "learner_group_restarted"]
-    assert [(f["rank"], f["cause"], f["restored_step"], f["replayed_step"]) for f in restarts] == [
-        (1, "rank_lost", 2, 3)
-    ]
+    restarts = [f for f in report.faults if isinstance(f, GroupRestart)]
+    assert [(f.rank, f.cause, f.restored_step, f.replayed_step) for f in restarts] == [(1, "rank_lost", 2, 3)]
     after = _rank_pids(actor)
     assert not set(after) & set(before)  # every rank is a fresh process
 
     report = _step(actor, queue, batches[3], kill=0, root=root)  # rank 0, the writer, during a step
     assert report.step == 4 and report.trained
-    assert any(f.get("fault") == "learner_group_restarted" and f["rank"] == 0 for f in report.faults)
+    assert any(isinstance(f, GroupRestart) and f.rank == 0 for f in report.faults)
     state = ray.get(actor.state.remote())
     assert state["step"] == 4 and state["group_restarts"] == 2
     steps = [int(r["step"]) for r in read_metrics(root / "run" / "learner" / "main" / "metrics.jsonl")]
