@@ -136,16 +136,17 @@ def exploit_args(
     ]
 
 
-def parse_finals(items: Sequence[str], option: str = "--final") -> dict[str, str]:
-    """`--final NAME=REF` items as {experiment: a rule bot's PolicyRef, or an adapter directory}; with
-    `option="--exploiter"`, the same for planted exploiters (any rule bot: they are not in the crossplay)."""
+def parse_finals(items: Sequence[str], option: str = "--final", in_crossplay: bool = True) -> dict[str, str]:
+    """`--final NAME=REF` items as {experiment: a rule bot's PolicyRef, or an adapter directory}. A final plays
+    in the crossplay beside the anchors, so it may not be one; planted exploiters (`option="--exploiter",
+    in_crossplay=False`) may be any rule bot. `option` names the flag in the errors."""
     out = {}
     for item in items:
         name, sep, ref = item.partition("=")
         if not sep or name not in EXPERIMENTS:
             raise ValueError(f"{option} {item!r}: expected NAME=REF with NAME one of {', '.join(EXPERIMENTS)}")
         if ref.startswith("bot:"):
-            if option == "--final" and ref in ANCHORS:
+            if in_crossplay and ref in ANCHORS:
                 raise ValueError(f"{option} {item!r}: {ref} is already in the crossplay as an anchor")
             from diprl.eval.refs import check_policy_ref
 
@@ -470,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_max_year(args.max_year)
         planted = parse_finals(args.final)
-        planted_exploiters = parse_finals(args.exploiter, "--exploiter")
+        planted_exploiters = parse_finals(args.exploiter, "--exploiter", in_crossplay=False)
         for name, ref in planted_exploiters.items():
             if planted.get(name) == ref:
                 raise ValueError(f"--exploiter {name}={ref}: it is {name}'s planted final itself")

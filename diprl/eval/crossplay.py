@@ -47,6 +47,7 @@ def crossplay_configs(
         raise ValueError(f"crossplay policies must be distinct, got {refs}")
     if replays and replay_root is None:
         raise ValueError("crossplay replays need a folder to go to (replay_root)")
+    root = replay_root if replays else None
     play = replace(template.play, replays=replays)  # GamesConfig checks 0 <= replays <= games
     return [
         replace(
@@ -54,7 +55,7 @@ def crossplay_configs(
             policy=a,
             opponents=[b],
             play=play,
-            replay_dir=str(replay_root / pair_folder(a, b)) if replays and replay_root else None,
+            replay_dir=None if root is None else str(root / pair_folder(a, b)),
             label=f"{a} vs {b}",
         )
         for a in refs

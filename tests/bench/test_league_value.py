@@ -145,7 +145,9 @@ def test_every_run_starts_alike_and_spends_its_minutes_on_training(tmp_path: Pat
     assert set(QUIET_RUN) <= set(args)
 
 
-def test_a_planted_final_is_a_bot_outside_the_anchors_or_an_adapter_directory(tmp_path: Path) -> None:
+def test_a_planted_final_is_a_bot_outside_the_anchors_or_an_adapter_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert parse_finals(["selfplay=bot:hold", f"league={tmp_path}"]) == {
         "selfplay": "bot:hold",
         "league": str(tmp_path.resolve()),
@@ -154,11 +156,12 @@ def test_a_planted_final_is_a_bot_outside_the_anchors_or_an_adapter_directory(tm
         with pytest.raises(ValueError):
             parse_finals([bad])
     # A planted exploiter may be any rule bot (exploiters are not in the crossplay), but not its final itself.
-    assert parse_finals(["league=bot:dumbbot"], "--exploiter") == {"league": "bot:dumbbot"}
+    assert parse_finals(["league=bot:dumbbot"], "--exploiter", in_crossplay=False) == {"league": "bot:dumbbot"}
     with pytest.raises(ValueError, match="--exploiter 'coach=bot:hold'"):
-        parse_finals(["coach=bot:hold"], "--exploiter")
+        parse_finals(["coach=bot:hold"], "--exploiter", in_crossplay=False)
     with pytest.raises(SystemExit):
         main(["league-value", "--final", "league=bot:territorial", "--exploiter", "league=bot:territorial"])
+    assert "league's planted final itself" in capsys.readouterr().err
 
 
 def test_a_tiny_bench_trains_exploits_and_measures_every_final(
