@@ -27,10 +27,12 @@ passes:
   dies loses everything it loaded; its successor proves each version on first use, which
   `train.chaos=[policy-server]` exercises in a run.)
 
-Costs: the learner's canary (decode of the canary set, timed after every step) against the mean step,
-amortised over the cadence: `canary_cost = canary s / (canary_every x step s)`, the share of the
-learner's time the canaries take (a step that published a canary includes it); and the replica's probe
-per version. Last line: `canary_caught=<n>/<n injected> canary_false_alarms=<n> canary_cost=<share>`.
+Costs: the learner's canary (what each publish with a canary spent making it: one forward that checks
+the previous canary's completions against the new weights, or a decode where a completion changed; see
+`diprl.learn.canary`) against the mean step, amortised over the cadence: `canary_cost = canary s /
+(canary_every x step s)`, the share of the learner's time the canaries take (a step that published a
+canary includes it); and the replica's probe per version. Last line:
+`canary_caught=<n>/<n injected> canary_false_alarms=<n> canary_cost=<share>`.
 """
 
 from __future__ import annotations
@@ -73,7 +75,6 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     from diprl.bench.constraint import mid_game_states
     from diprl.bench.learner import make_groups
-    from diprl.learn.canary import version_canary
     from diprl.learn.config import LearnerConfig
     from diprl.learn.learner import Learner
     from diprl.learn.site import LearnerSite
@@ -91,27 +92,27 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     learner = Learner(config, LearnerSite(tmp / "run", tmp / "adapters"))
     tokenizer = load_tokenizer(resolve_model_path(learner.preset))
     states = mid_game_states(args.groups * (args.steps + 1), seed=args.seed)
-    steps, canaries = [], []
+    steps, canaries, unchanged = [], [], 0
     for step in range(args.steps + 1):
         chunk = states[step * args.groups : (step + 1) * args.groups]
         groups = make_groups(
             chunk, args.forks, [learner.latest_version()] * args.groups, learner.table, tokenizer, step
         )
         t0 = time.perf_counter()
-        learner.train_step(groups)
+        learner.train_step(groups)  # its publish makes the canary when one is due, as in a run
         elapsed = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        version_canary(learner.peft, learner.preset, config.zero_stage)  # what a publish with a canary does
-        if step > 0:  # the first step warms up
+        if step > 0:  # the first step warms up (and its canary is decoded: there is no previous one)
             steps.append(elapsed)
-            canaries.append(time.perf_counter() - t0)
+            if learner.life.canary_s:
+                canaries.append(learner.life.canary_s)
+                unchanged += learner.life.canary_unchanged
     from diprl.inference.adapters import AdapterStore
 
     versions = [str(r) for r in AdapterStore(tmp / "adapters").versions(config.policy)]
     model_path = str(resolve_model_path(learner.preset))
     learner.engine.destroy()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    return {"versions": versions, "step_s": steps, "canary_s": canaries, "model": model_path}
+    return {"versions": versions, "step_s": steps, "canary_s": canaries, "unchanged": unchanged, "model": model_path}
 
 
 def inject(store: Any, versions: list[str], model: str, tmp: Path) -> dict[str, str]:
@@ -279,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"learner step {step_s:.3f} s (a publish's canary included), learner canary {canary_s:.3f} s "
-        f"({canary_s / step_s:.3f} of a step, one version in {args.canary_every}), "
+        f"({canary_s / step_s:.3f} of a step, one version in {args.canary_every}; completions unchanged from the "
+        f"previous canary, checked in one forward: {trained['unchanged']}/{len(trained['canary_s'])}), "
         f"replica probe {statistics.mean(probe_s):.3f} s a version ({statistics.mean(probe_s) / step_s:.3f} of a step)"
     )
     cost = canary_s / (args.canary_every * step_s)

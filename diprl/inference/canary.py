@@ -121,6 +121,10 @@ class Canary:
         if not 0 < len(self.items) <= _MAX_ITEMS:
             raise CorruptCanary(f"a canary holds 1-{_MAX_ITEMS} items, got {len(self.items)}")
 
+    def same_completions(self, other: Canary) -> bool:
+        """Whether `other` asks the same prompts and holds the same completions (log-probabilities aside)."""
+        return [(i.prompt, i.token_ids) for i in self.items] == [(i.prompt, i.token_ids) for i in other.items]
+
     def to_bytes(self) -> bytes:
         doc = {
             "format": CANARY_FORMAT,

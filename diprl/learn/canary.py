@@ -21,39 +21,54 @@ from typing import Any
 
 from diprl.inference.canary import CANARY_MAX_TOKENS, Canary, CanaryItem, CanaryPrompt, canary_prompts
 from diprl.policy.constraint import OrderConstraint
-from diprl.policy.logprobs import constrained_greedy
+from diprl.policy.logprobs import constrained_greedy, verify_greedy
 from diprl.policy.vocab import TokenTable, token_table
 
-__all__ = ["canary_bytes", "learner_canary", "version_canary"]
+__all__ = ["learner_canary", "version_canary"]
 
 
-def learner_canary(model: Any, table: TokenTable, prompts: Sequence[CanaryPrompt], pad_id: int | None = None) -> Canary:
+def learner_canary(
+    model: Any,
+    table: TokenTable,
+    prompts: Sequence[CanaryPrompt],
+    pad_id: int | None = None,
+    previous: Canary | None = None,
+) -> Canary:
     """The canary of `model`'s current weights: each prompt's greedy completion under its legal orders
-    (EOS included) and every completion token's masked log-probability at temperature 1."""
+    (EOS included) and every completion token's masked log-probability at temperature 1.
+
+    `previous`: a canary of the same prompts from earlier weights (the last version's). A learner step
+    moves the weights a little, so its completions are usually still the greedy ones; one forward checks
+    that exactly (`verify_greedy`) and gives their log-probabilities, and only the prompts whose completion
+    changed are decoded token by token. Either way the canary is the greedy decode's."""
     import torch
 
     pad = table.eos_id if pad_id is None else pad_id
     constraints = [OrderConstraint(p.legal, table) for p in prompts]
+    ids = [p.prompt_ids for p in prompts]
+    found: list[tuple[tuple[int, ...], tuple[float, ...]] | None] = [None] * len(prompts)
     threads = torch.get_num_threads()
     try:
         if next(model.parameters()).device.type == "cpu":
             torch.set_num_threads(1)
-        completions, scores = constrained_greedy(
-            model, [p.prompt_ids for p in prompts], constraints, table.eos_id, pad, CANARY_MAX_TOKENS, with_scores=True
-        )
+        if previous is not None and [i.prompt for i in previous.items] == list(prompts):
+            expected = [i.token_ids for i in previous.items]
+            for row, checked in enumerate(verify_greedy(model, ids, expected, constraints, pad)):
+                if checked is not None:
+                    found[row] = (expected[row], tuple(checked))
+        todo = [row for row, item in enumerate(found) if item is None]
+        if todo:  # the rows whose completion changed (all of them without a previous canary), decoded
+            completions, scores = constrained_greedy(
+                model, [ids[r] for r in todo], [constraints[r] for r in todo], table.eos_id, pad, CANARY_MAX_TOKENS,
+                with_scores=True,
+            )  # fmt: skip
+            logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in scores], dim=1)  # [B, T, V]
+            for k, (row, tokens) in enumerate(zip(todo, completions, strict=True)):
+                picked = logprobs[k, torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+                found[row] = (tuple(tokens), tuple(float(x) for x in picked))
     finally:
         torch.set_num_threads(threads)
-    logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in scores], dim=1)  # [B, T, V]
-    items = []
-    for row, (prompt, tokens) in enumerate(zip(prompts, completions, strict=True)):
-        picked = logprobs[row, torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
-        items.append(CanaryItem(prompt, tuple(tokens), tuple(float(x) for x in picked)))
-    return Canary(tuple(items))
-
-
-def canary_bytes(model: Any, table: TokenTable, tokenizer: Any) -> bytes:
-    """What `AdapterStore.publish(..., canary=)` takes: the fixed canary set decoded by `model`."""
-    return learner_canary(model, table, canary_prompts(tokenizer)).to_bytes()
+    return Canary(tuple(CanaryItem(p, *item) for p, item in zip(prompts, found, strict=True) if item is not None))
 
 
 @functools.lru_cache(maxsize=4)
@@ -64,14 +79,15 @@ def _canary_inputs(model_path: str, vocab_size: int | None) -> tuple[TokenTable,
     return token_table(tokenizer, vocab_size), tuple(canary_prompts(tokenizer))
 
 
-def version_canary(model: Any, preset: Any, zero_stage: int) -> bytes | None:
+def version_canary(model: Any, preset: Any, zero_stage: int, previous: Canary | None = None) -> Canary | None:
     """The canary to publish with `model`'s current weights on `preset`'s base (the tokenizer and the
     canary set are made once per process), or None under ZeRO-3, whose partitioned base weights one
-    rank cannot decode with alone: such versions are checked by their bytes only."""
+    rank cannot decode with alone: such versions are checked by their bytes only. `previous`: the last
+    canary this process made (see `learner_canary`)."""
     if zero_stage == 3:
         return None
     from diprl.policy.models import resolve_model_path
 
     vocab_size = preset.tiny.vocab_size if preset.tiny is not None else None
     table, prompts = _canary_inputs(str(resolve_model_path(preset)), vocab_size)
-    return learner_canary(model, table, prompts).to_bytes()
+    return learner_canary(model, table, prompts, previous=previous)

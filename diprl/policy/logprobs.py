@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from diprl.policy.constraint import ConstraintViolation
+
 if TYPE_CHECKING:
     from diprl.policy.constraint import OrderConstraint
 
@@ -112,3 +114,68 @@ def constrained_greedy(
         model.train(was_training)
     rows = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in out.sequences[:, width:].tolist()]
     return rows, (out.scores if with_scores else None)
+
+
+def verify_greedy(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    constraints: Sequence[OrderConstraint],
+    pad_id: int,
+) -> list[list[float] | None]:
+    """For each row, the masked log-probabilities (temperature 1) of its completion's tokens if that
+    completion is its prompt's greedy completion under its constraint, else None: one teacher-forced
+    forward of all the rows.
+
+    Greedy decoding writes, at each position, the first id of largest masked logit (`argmax`, as
+    `generate` does). So a candidate completion is the greedy one exactly when each of its tokens is that
+    argmax given the tokens before it, and one forward checks every position at once where decoding takes
+    a forward per token: speculative decoding's verification, the candidate being a completion the caller
+    expects (the previous weights' completion, after a small update). The prompts' common prefix is
+    forwarded once and its KV cache repeated for every row; the rest is right-padded, and a causal model's
+    real tokens never attend to the padding after them."""
+    if not prompts:
+        return []
+    shared = 0
+    shortest = min(len(p) for p in prompts)
+    while shared < shortest - 1 and all(p[shared] == prompts[0][shared] for p in prompts):
+        shared += 1  # one prompt token at least stays in every row: it predicts the first completion token
+    rows = [list(p[shared:]) + list(c) for p, c in zip(prompts, completions, strict=True)]
+    width = max(len(r) for r in rows)
+    device = next(model.parameters()).device
+    ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], device=device)
+    mask = torch.tensor([[1] * (shared + len(r)) + [0] * (width - len(r)) for r in rows], device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            cache = None
+            if shared:
+                prefix = torch.tensor([list(prompts[0][:shared])], device=device)
+                cache = model(input_ids=prefix, use_cache=True).past_key_values
+                cache.batch_repeat_interleave(len(rows))
+            logits = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=bool(shared)).logits
+    finally:
+        model.train(was_training)
+    return [
+        _greedy_logprobs(logits[row, len(prompt) - shared - 1 :], completion, constraint)  # from its last prompt token
+        for row, (prompt, completion, constraint) in enumerate(zip(prompts, completions, constraints, strict=True))
+    ]
+
+
+def _greedy_logprobs(
+    logits: torch.Tensor, completion: Sequence[int], constraint: OrderConstraint
+) -> list[float] | None:
+    """`verify_greedy` for one row: `logits[j]` predicts `completion[j]`."""
+    if not completion:
+        return None
+    try:
+        allowed = constraint.masks_for(completion)
+    except ConstraintViolation:
+        return None  # not even a legal completion now
+    scores = logits[: len(completion)].float().clone()
+    mask_rows_(scores, range(len(completion)), allowed)
+    if scores.argmax(dim=-1).tolist() != list(completion):
+        return None
+    logprobs = torch.log_softmax(scores, dim=-1)
+    return [float(logprobs[j, token]) for j, token in enumerate(completion)]
