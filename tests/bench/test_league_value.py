@@ -168,11 +168,11 @@ def test_a_tiny_bench_trains_exploits_and_measures_every_final(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Seconds of training a run: pfsp's main for real, selfplay's final planted as six Hold bots that never
-    move and league's as Territorial; pfsp's exploiter trained against its adapter frozen, selfplay's too
-    against the Hold bots, league's planted as DumbBot (a run start fewer: each costs a Ray, a PolicyServer
-    and a learner); a 7-game crossplay and 14 games of each exploiter, to the end of 1901. An exploiter that
-    moves at all outranks the holding seats: its main's exploitability is above 0, and every figure of the last
-    line is the one the summary computed from the games."""
+    move and league's as Territorial; pfsp's exploiter trained against its adapter frozen, selfplay's planted
+    as Territorial and league's as DumbBot (two run starts fewer: each costs a Ray, a PolicyServer and a
+    learner); a 7-game crossplay and 14 games of each exploiter, to the end of 1901. An exploiter that moves
+    at all outranks the holding seats: selfplay's exploitability is above 0, and every figure of the last line
+    is the one the summary computed from the games."""
     tiny = [
         "train.max_steps=1",
         "rollout.matches_in_flight=2",
@@ -185,7 +185,8 @@ def test_a_tiny_bench_trains_exploits_and_measures_every_final(
     ]
     out = tmp_path / "bench"
     argv = ["league-value", "--minutes", "5", "--games", "7", "--exploit-games", "14", "--max-year", "1901",
-            "--final", "selfplay=bot:hold", "--final", "league=bot:territorial", "--exploiter", "league=bot:dumbbot",
+            "--final", "selfplay=bot:hold", "--final", "league=bot:territorial", "--exploiter", "selfplay=bot:territorial",
+            "--exploiter", "league=bot:dumbbot",
             "--out", str(out), *tiny]  # fmt: skip
     assert main(argv) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -198,12 +199,13 @@ def test_a_tiny_bench_trains_exploits_and_measures_every_final(
     assert summary["train"]["pfsp"]["train_steps"] >= 1 and summary["train"]["selfplay"]["planted"] == "bot:hold"
     held = summary["exploit"]["selfplay"]
     assert held["games"] == 14 and held["exploitability"] > 0.0 and held["lower_bound"] > 0.0
-    assert summary["exploit_runs"]["league"] == {"planted": "bot:dumbbot", "final": "bot:dumbbot"}
-    assert summary["exploiters"]["league"] == "bot:dumbbot" and summary["exploit"]["league"]["games"] == 14
-    assert not (out / "exploit" / "league").exists()  # planted: never trained
+    planted = {"selfplay": "bot:territorial", "league": "bot:dumbbot"}
+    for e, bot in planted.items():
+        assert summary["exploit_runs"][e] == {"planted": bot, "final": bot}
+        assert summary["exploiters"][e] == bot and summary["exploit"][e]["games"] == 14
+        assert not (out / "exploit" / e).exists()  # planted: never trained
+    assert summary["exploit_runs"]["pfsp"]["train_steps"] >= 1 and summary["exploiters"]["pfsp"] == "exploit-pfsp@v1"
     for e in EXPERIMENTS:
-        if e != "league":
-            assert summary["exploit_runs"][e]["train_steps"] >= 1 and summary["exploiters"][e] == f"exploit-{e}@v1"
         low, high = summary["exploit"][e]["ci95"]
         assert low <= summary["exploit"][e]["exploitability"] <= high
     # pfsp's exploiter trained against pfsp's final itself, frozen: the same bytes in its run's store.
