@@ -113,29 +113,25 @@ class EpisodeOutput:
     hero_returns: list[float] = field(default_factory=list)  # the hero's fork returns, trained on or not
 
 
+@dataclass(eq=False)
 class Episode:
-    """Plays one `Match` as a lockstep job; holds the rubric, credit rules and (optional) start states."""
+    """Plays one `Match` as a lockstep job; holds the rubric, credit rules and (optional) start states.
 
-    def __init__(
-        self,
-        config: EpisodeConfig,
-        rubric: Rubric,
-        credit: CreditAssigner,
-        table: TokenTable,
-        start_states: StartStates | None = None,
-        start_share: float = 0.0,
-    ) -> None:
-        """`start_share` of matches (drawn from each match's seed) start from a state of `start_states`."""
-        if not 0.0 <= start_share <= 1.0:
-            raise ValueError(f"rollout.start_states must be a share in [0, 1], got {start_share}")
-        if start_share > 0 and start_states is None:
+    `start_share` of matches (drawn from each match's seed) start from a state of `start_states`.
+    """
+
+    config: EpisodeConfig
+    rubric: Rubric
+    credit: CreditAssigner
+    table: TokenTable
+    start_states: StartStates | None = None
+    start_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.start_share <= 1.0:
+            raise ValueError(f"rollout.start_states must be a share in [0, 1], got {self.start_share}")
+        if self.start_share > 0 and self.start_states is None:
             raise ValueError("rollout.start_states > 0 needs a start-state store")
-        self.start_share = start_share
-        self.config = config
-        self.rubric = rubric
-        self.credit = credit
-        self.table = table
-        self.start_states = start_states
 
     def play(self, match: Match) -> Phase:
         """The job: yields tables to step, returns the `EpisodeOutput`. Deterministic given the match's
