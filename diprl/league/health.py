@@ -218,12 +218,7 @@ class RPPReport:
     left_out: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "value": self.value,
-            "current": list(self.current),
-            "past": list(self.past),
-            "left_out": list(self.left_out),
-        }
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 def relative_population_performance(
