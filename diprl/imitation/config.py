@@ -30,7 +30,7 @@ class ImitateConfig:
     epochs: float = 0.0  # > 0: train until this many passes over the training decisions, instead of `steps`
     batch_size: int = 64  # decisions per optimiser step, whole game states (a state is never split)
     max_minutes: float = 0.0  # > 0: stop training after this many minutes (then publish and score)
-    # The lr falls linearly to 0 over the steps the run will take (`train.planned_steps`; unless
+    # The lr falls linearly to 0 over the steps the run will take (`train.planned_batches`; unless
     # `learner.lr_decay_steps` names another length): one epoch over 52,000 DumbBot decisions ended at
     # loss 0.40 with a constant lr and still falling, the last steps' noise left in the published adapter.
     lr_decay: bool = True

@@ -21,7 +21,7 @@ from diprl.imitation.config import ImitateConfig
 from diprl.imitation.data import TeacherData
 from diprl.imitation.shards import cached_teacher_data
 from diprl.imitation.teacher import TeacherError, TeacherExample
-from diprl.imitation.train import planned_steps, train_bc
+from diprl.imitation.train import planned_batches, train_bc
 
 if TYPE_CHECKING:
     from diprl.policy.models import ModelPreset
@@ -96,9 +96,10 @@ def run(config: ImitateConfig, cache: Path | None = None) -> dict[str, Any]:
     timings["data_s"] = time.perf_counter() - start
 
     steps = 0 if config.epochs > 0 else config.steps
-    planned = planned_steps(data.train, config.batch_size, config.learner.seed, steps, config.epochs)
+    # Planned once: the lr decays over exactly the batches trained.
+    batches = list(planned_batches(data.train, config.batch_size, config.learner.seed, steps, config.epochs))
     if config.lr_decay and not config.learner.lr_decay_steps:
-        config = replace(config, learner=replace(config.learner, lr_decay_steps=planned))
+        config = replace(config, learner=replace(config.learner, lr_decay_steps=len(batches)))
     learner = make_learner(config, run_dir)
     start = time.perf_counter()
     before = evaluate_agreement(learner.peft, data.heldout, learner.table, learner.pad_id, config.eval_batch_size)
@@ -106,14 +107,14 @@ def run(config: ImitateConfig, cache: Path | None = None) -> dict[str, Any]:
 
     deadline = time.perf_counter() + config.max_minutes * 60 if config.max_minutes else None
     start = time.perf_counter()
-    with progress_bar(planned, "bc steps", bar_enabled(config.quiet)) as bar:
+    with progress_bar(len(batches), "bc steps", bar_enabled(config.quiet)) as bar:
 
         def on_step(metrics: dict[str, Any]) -> bool:
             bar.update(1)
             bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.3f}")
             return deadline is not None and time.perf_counter() > deadline
 
-        history = train_bc(learner, data.train, config.batch_size, config.learner.seed, steps, config.epochs, on_step)
+        history = train_bc(learner, data.train, batches, on_step)
     timings["train_s"] = time.perf_counter() - start
     version = learner.publish()
 

@@ -10,7 +10,7 @@ shared prefix once gains most where a batch holds the whole state.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from diprl.imitation.teacher import TeacherExample
@@ -73,7 +73,7 @@ def planned_batches(
 def planned_steps(
     examples: Sequence[TeacherExample], batch_size: int, seed: int, steps: int = 0, epochs: float = 0.0
 ) -> int:
-    """How many optimiser steps `train_bc` takes with these arguments unless stopped early: the length a
+    """How many batches `planned_batches` yields (optimiser steps, unless stopped early): the length a
     decaying lr must be planned over (an estimate from `batch_size` alone would be short by the room
     whole states leave in their batches, and the last steps would train at lr 0)."""
     return sum(1 for _ in planned_batches(examples, batch_size, seed, steps, epochs))
@@ -82,15 +82,13 @@ def planned_steps(
 def train_bc(
     trainer: RecordTrainer,
     examples: Sequence[TeacherExample],
-    batch_size: int,
-    seed: int,
-    steps: int = 0,
-    epochs: float = 0.0,
+    batches: Iterable[Sequence[int]],
     on_step: Callable[[dict[str, Any]], bool | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Optimiser steps on the `planned_batches`; `on_step` returning True stops early."""
+    """One optimiser step per batch (indices into `examples`, e.g. `planned_batches`); `on_step` returning
+    True stops early."""
     history: list[dict[str, Any]] = []
-    for batch in planned_batches(examples, batch_size, seed, steps, epochs):
+    for batch in batches:
         records = [examples[i].to_training_record() for i in batch]
         metrics = trainer.train_records(records, objective="bc").record()
         history.append(metrics)

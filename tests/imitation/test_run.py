@@ -18,7 +18,7 @@ from diprl.imitation.data import TeacherData
 from diprl.imitation.decode import greedy_completions
 from diprl.imitation.run import make_learner
 from diprl.imitation.shards import read_shards
-from diprl.imitation.train import planned_steps, state_batches, state_groups, train_bc
+from diprl.imitation.train import planned_batches, planned_steps, state_batches, state_groups, train_bc
 from diprl.inference.adapters import AdapterStore
 from diprl.messages import PolicyRef, StepReport, TrainingRecord
 
@@ -55,14 +55,14 @@ def test_epochs_count_records_not_steps(data: TeacherData) -> None:
             assert objective == "bc" and all(isinstance(r, TrainingRecord) for r in records)
             return StepReport("main", 1, True, PolicyRef.parse("main@v1"), metrics={"records": len(records)})
 
-    history = train_bc(Counting(), data.train, batch_size=20, seed=0, epochs=1.0)
+    history = train_bc(Counting(), data.train, planned_batches(data.train, 20, 0, epochs=1.0))
     trained = sum(m["records"] for m in history)
     assert len(data.train) <= trained < len(data.train) + 20
-    assert len(train_bc(Counting(), data.train, batch_size=20, seed=0, steps=3)) == 3
-    stop = train_bc(Counting(), data.train, batch_size=20, seed=0, epochs=2.0, on_step=lambda m: True)
+    assert len(train_bc(Counting(), data.train, planned_batches(data.train, 20, 0, steps=3))) == 3
+    stop = train_bc(Counting(), data.train, planned_batches(data.train, 20, 0, epochs=2.0), on_step=lambda m: True)
     assert len(stop) == 1
     with pytest.raises(ValueError, match="exactly one of steps and epochs"):
-        train_bc(Counting(), data.train, batch_size=20, seed=0, steps=3, epochs=1.0)
+        next(planned_batches(data.train, 20, 0, steps=3, epochs=1.0))
     # the plan a decaying lr is laid over is the steps actually taken, not records / batch_size
     assert planned_steps(data.train, 20, 0, epochs=1.0) == len(history) > len(data.train) / 20
     assert planned_steps(data.train, 20, 0, steps=3) == 3
@@ -110,7 +110,7 @@ def test_behaviour_cloning_raises_agreement_on_a_fixed_set(data: TeacherData, tm
     learner = make_learner(config, tmp_path / "run")
     table = learner.table
     before = evaluate_agreement(learner.peft, fixed, table, learner.pad_id)
-    history = train_bc(learner, fixed, batch_size=6, seed=0, steps=8)
+    history = train_bc(learner, fixed, planned_batches(fixed, 6, 0, steps=8))
     after = evaluate_agreement(learner.peft, fixed, table, learner.pad_id)
     assert all(m["objective"] == "bc" and m["trained"] == 1 and m["records"] == 6 for m in history)
     assert history[-1]["loss"] < history[0]["loss"]
