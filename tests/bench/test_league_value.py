@@ -185,8 +185,8 @@ def test_a_tiny_bench_trains_exploits_and_measures_every_final(
     ]
     out = tmp_path / "bench"
     argv = ["league-value", "--minutes", "5", "--games", "7", "--exploit-games", "14", "--max-year", "1901",
-            "--final", "selfplay=bot:hold", "--final", "league=bot:territorial", "--exploiter", "selfplay=bot:territorial",
-            "--exploiter", "league=bot:dumbbot",
+            "--final", "selfplay=bot:hold", "--final", "league=bot:territorial",
+            "--exploiter", "selfplay=bot:territorial", "--exploiter", "league=bot:dumbbot",
             "--out", str(out), *tiny]  # fmt: skip
     assert main(argv) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
