@@ -98,6 +98,7 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         groups = make_groups(
             chunk, args.forks, [learner.latest_version()] * args.groups, learner.table, tokenizer, step
         )
+        before = learner.life.last_canary
         t0 = time.perf_counter()
         learner.train_step(groups)  # its publish makes the canary when one is due, as in a run
         elapsed = time.perf_counter() - t0
@@ -105,7 +106,8 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             steps.append(elapsed)
             if learner.life.canary_s:
                 canaries.append(learner.life.canary_s)
-                unchanged += learner.life.canary_unchanged
+                after = learner.life.last_canary
+                unchanged += before is not None and after is not None and after.same_completions(before)
     from diprl.inference.adapters import AdapterStore
 
     versions = [str(r) for r in AdapterStore(tmp / "adapters").versions(config.policy)]

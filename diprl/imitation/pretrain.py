@@ -108,7 +108,7 @@ def run(
     from diprl.atomic_io import replace_dir_atomic
     from diprl.imitation.agreement import evaluate_agreement
     from diprl.imitation.run import data_report, teacher_data
-    from diprl.imitation.train import planned_batches, planned_steps
+    from diprl.imitation.train import planned_batches
     from diprl.learn.batching import micro_batches, prepare_record
     from diprl.learn.loss import nll_loss
     from diprl.learn.model import CompletionScorer
@@ -166,7 +166,8 @@ def run(
     extra_before = extra_agreement(model)
     timings["eval_before_s"] = time.perf_counter() - start
 
-    total = planned_steps(train, config.batch_size, config.seed, epochs=config.epochs)
+    batches = list(planned_batches(train, config.batch_size, config.seed, epochs=config.epochs))  # planned once
+    total = len(batches)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     metrics_path = out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
@@ -174,7 +175,7 @@ def run(
     history: list[dict[str, float]] = []
     start = time.perf_counter()
     model.train()
-    for step, batch in enumerate(planned_batches(train, config.batch_size, config.seed, epochs=config.epochs)):
+    for step, batch in enumerate(batches):
         t0 = time.perf_counter()
         prepared = [
             prepare_record(train[i].to_training_record(), table, i, need_rl_fields=False,

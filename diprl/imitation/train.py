@@ -70,15 +70,6 @@ def planned_batches(
         yield batch
 
 
-def planned_steps(
-    examples: Sequence[TeacherExample], batch_size: int, seed: int, steps: int = 0, epochs: float = 0.0
-) -> int:
-    """How many batches `planned_batches` yields (optimiser steps, unless stopped early): the length a
-    decaying lr must be planned over (an estimate from `batch_size` alone would be short by the room
-    whole states leave in their batches, and the last steps would train at lr 0)."""
-    return sum(1 for _ in planned_batches(examples, batch_size, seed, steps, epochs))
-
-
 def train_bc(
     trainer: RecordTrainer,
     examples: Sequence[TeacherExample],

@@ -46,7 +46,7 @@ def learner_canary(
     pad = table.eos_id if pad_id is None else pad_id
     constraints = [OrderConstraint(p.legal, table) for p in prompts]
     ids = [p.prompt_ids for p in prompts]
-    found: list[tuple[tuple[int, ...], tuple[float, ...]] | None] = [None] * len(prompts)
+    found: dict[int, CanaryItem] = {}  # row -> its item, checked or decoded
     threads = torch.get_num_threads()
     try:
         if next(model.parameters()).device.type == "cpu":
@@ -55,8 +55,8 @@ def learner_canary(
             expected = [i.token_ids for i in previous.items]
             for row, checked in enumerate(verify_greedy(model, ids, expected, constraints, pad)):
                 if checked is not None:
-                    found[row] = (expected[row], tuple(checked))
-        todo = [row for row, item in enumerate(found) if item is None]
+                    found[row] = CanaryItem(prompts[row], expected[row], tuple(checked))
+        todo = [row for row in range(len(prompts)) if row not in found]
         if todo:  # the rows whose completion changed (all of them without a previous canary), decoded
             completions, scores = constrained_greedy(
                 model, [ids[r] for r in todo], [constraints[r] for r in todo], table.eos_id, pad, CANARY_MAX_TOKENS,
@@ -65,10 +65,10 @@ def learner_canary(
             logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in scores], dim=1)  # [B, T, V]
             for k, (row, tokens) in enumerate(zip(todo, completions, strict=True)):
                 picked = logprobs[k, torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
-                found[row] = (tuple(tokens), tuple(float(x) for x in picked))
+                found[row] = CanaryItem(prompts[row], tuple(tokens), tuple(float(x) for x in picked))
     finally:
         torch.set_num_threads(threads)
-    return Canary(tuple(CanaryItem(p, *item) for p, item in zip(prompts, found, strict=True) if item is not None))
+    return Canary(tuple(found[row] for row in range(len(prompts))))
 
 
 @functools.lru_cache(maxsize=4)

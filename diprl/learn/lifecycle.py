@@ -99,9 +99,8 @@ class Lifecycle:
         self._publish_due = False  # a publish failed (full disk, ...): retry after the next step
         self._checkpoint_due = False
         self._publishes = 0  # in this process: every `canary_every`-th carries a canary, the first included
-        self._canary: Canary | None = None  # the last one published: the next is checked against it first
+        self.last_canary: Canary | None = None  # the last one published: the next is checked against it first
         self.canary_s = 0.0  # what the last publish spent making its canary (0: it carried none)
-        self.canary_unchanged = False  # its completions were the previous canary's (checked in one forward)
         self.rollbacks: dict[str, str] = {}  # rollback decision -> the version that carried it out (checkpointed)
 
     # ------------------------------------------------------------------ start, reset
@@ -230,13 +229,14 @@ class Lifecycle:
 
         def write() -> str:
             # The weights' canary travels in the version: a replica refuses the version unless it reproduces it.
-            began, previous = time.perf_counter(), self._canary
-            canary = version_canary(model.peft, self.preset, self.config.zero_stage, previous) if canaried else None
+            began = time.perf_counter()
+            canary = (
+                version_canary(model.peft, self.preset, self.config.zero_stage, self.last_canary) if canaried else None
+            )
             self.canary_s = time.perf_counter() - began if canary is not None else 0.0
-            self.canary_unchanged = canary is not None and previous is not None and canary.same_completions(previous)
             data = None if canary is None else canary.to_bytes()
             name = str(self.store.publish(policy, model.peft, base_model=base_model_name(self.preset), canary=data))
-            self._canary = canary or self._canary
+            self.last_canary = canary or self.last_canary
             return name
 
         with whole_lora(model.peft):  # every rank: rank 0 saves whole weights

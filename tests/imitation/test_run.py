@@ -18,7 +18,7 @@ from diprl.imitation.data import TeacherData
 from diprl.imitation.decode import greedy_completions
 from diprl.imitation.run import make_learner
 from diprl.imitation.shards import read_shards
-from diprl.imitation.train import planned_batches, planned_steps, state_batches, state_groups, train_bc
+from diprl.imitation.train import planned_batches, state_batches, state_groups, train_bc
 from diprl.inference.adapters import AdapterStore
 from diprl.messages import PolicyRef, StepReport, TrainingRecord
 
@@ -64,8 +64,8 @@ def test_epochs_count_records_not_steps(data: TeacherData) -> None:
     with pytest.raises(ValueError, match="exactly one of steps and epochs"):
         next(planned_batches(data.train, 20, 0, steps=3, epochs=1.0))
     # the plan a decaying lr is laid over is the steps actually taken, not records / batch_size
-    assert planned_steps(data.train, 20, 0, epochs=1.0) == len(history) > len(data.train) / 20
-    assert planned_steps(data.train, 20, 0, steps=3) == 3
+    assert len(list(planned_batches(data.train, 20, 0, epochs=1.0))) == len(history) > len(data.train) / 20
+    assert len(list(planned_batches(data.train, 20, 0, steps=3))) == 3
 
 
 def test_batches_hold_whole_states_and_every_decision_once_per_epoch(data: TeacherData) -> None:
