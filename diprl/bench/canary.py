@@ -1,6 +1,7 @@
 """Canary benchmark: do canaries catch a replica serving other weights than those trained, and what do they cost?
 
-    python -m diprl.bench canary [--steps N] [--groups 2] [--forks 4] [--seed 0] [--canary-every N]
+    python -m diprl.bench canary [--steps N] [--groups 16] [--forks 4] [--seed 0] [--canary-every N]
+                                 [--traffic 16] [--trials 3]
 
 A tiny-model learner takes `--steps` GRPO steps (default: `--canary-every`, so that two versions carry a
 canary) after a warm-up step, publishing a version after each, every `--canary-every`-th with its canary
@@ -27,11 +28,16 @@ passes:
   dies loses everything it loaded; its successor proves each version on first use, which
   `train.chaos=[policy-server]` exercises in a run.)
 
-Costs: the learner's canary (what each publish with a canary spent making it: one forward that checks
-the previous canary's completions against the new weights, or a decode where a completion changed; see
-`diprl.learn.canary`) against the mean step, amortised over the cadence: `canary_cost = canary s /
-(canary_every x step s)`, the share of the learner's time the canaries take (a step that published a
-canary includes it); and the replica's probe per version. Last line:
+Costs, against the mean learner step (by default the step of `+experiment=pfsp`: 16 groups of 4): the
+learner's canary (what each publish with a canary spent making it: one forward that checks the previous
+canary's completions against the new weights, or a decode where a completion changed; see
+`diprl.learn.canary`), and the replica's probe. A probe is served beside the rollouts' requests, so what
+it costs them is the time it adds to their batch: `--traffic` sampled requests on mid-game positions are
+timed alone and beside a probe (`--trials` times each, alternately, on an empty prefix cache), and the
+median difference within a pair (alone, then beside) is the probe's cost; its latency on an idle engine
+is printed too. Both are paid once every `canary_every` versions:
+`canary_cost = (learner canary s + probe's added s) / (canary_every x step s)`, the share of a run's time
+the canaries take. Last line:
 `canary_caught=<n>/<n injected> canary_false_alarms=<n> canary_cost=<share>`.
 """
 
@@ -131,7 +137,14 @@ def inject(store: Any, versions: list[str], model: str, tmp: Path) -> dict[str, 
 
 
 async def serve(
-    config: Any, clean: list[str], bytes_only: list[str], faults: dict[str, str], store: Any, tmp: Path
+    config: Any,
+    clean: list[str],
+    bytes_only: list[str],
+    faults: dict[str, str],
+    store: Any,
+    tmp: Path,
+    traffic: list[dict[str, Any]],
+    trials: int,
 ) -> dict[str, Any]:
     from vllm.lora.request import LoRARequest
 
@@ -170,6 +183,7 @@ async def serve(
             result = (await engine.generate([{"policy": name, "prompt": "A PAR", "max_tokens": 1}]))[0]
             out["alarms"][name] = result.error is not None and result.error.startswith("CanaryMismatch")
             out["probe_s"].append(engine.canaries.seconds - before)
+        out["under_traffic"] = await _probe_under_traffic(engine, store.resolve(clean[-1]), traffic, trials)
         out["killed"] = await _cut_off(engine, str(killed), probing)
         out["stats"] = engine.canaries.stats()
         # prefix_reuse: one name and path, first with the previous weights (their canary prompts cached), then
@@ -195,6 +209,51 @@ async def serve(
     return out
 
 
+async def _probe_under_traffic(engine: Any, version: Any, traffic: list[dict[str, Any]], trials: int) -> dict[str, Any]:
+    """What a probe takes from live traffic: the same batch of sampled requests timed alone and beside a probe
+    of `version` (already loaded and proven), `trials` times each, alternately, every time on an empty prefix
+    cache (a new version's probe finds none of its blocks cached); the added time is the median over the
+    pairs (alone, then beside) of their difference. In a run the probe is served beside the
+    rollouts' requests, so its cost to them is the wall time it adds to their batch, not its own latency."""
+    alone: list[float] = []
+    beside: list[float] = []
+    lora = await engine.adapters.acquire(version.name)
+    try:
+        for trial in range(2 * trials):
+            with_probe = trial % 2 == 1
+            await engine.engine.reset_prefix_cache()
+            t0 = time.perf_counter()
+            work = [engine.generate(traffic)]
+            if with_probe:
+                work.append(engine._check_canary(version, lora))
+            results = await asyncio.gather(*work)
+            (beside if with_probe else alone).append(time.perf_counter() - t0)
+            failed = [g.error for g in results[0] if g.error is not None]
+            if failed:
+                raise RuntimeError(f"the traffic's requests failed: {failed[0]}")
+    finally:
+        await engine.adapters.release(lora)
+    pairs = [b - a for a, b in zip(alone, beside, strict=True)]  # paired: a load that drifts cancels
+    return {"alone_s": alone, "beside_s": beside, "pairs_s": pairs, "added_s": max(0.0, statistics.median(pairs))}
+
+
+def traffic_requests(version: str, n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` sampled constrained requests for `version` on mid-game positions: what rollouts send."""
+    from diprl.bench.constraint import mid_game_states
+    from diprl.policy.prompt import build_prompt
+
+    return [
+        {
+            "policy": version,
+            "prompt": build_prompt(game, power).text,
+            "legal": game.legal_orders(power).to_dict(),
+            "temperature": 1.0,
+            "sample_seed": seed + i,
+        }
+        for i, (game, power) in enumerate(mid_game_states(n, seed=seed + 1))
+    ]
+
+
 async def _cut_off(engine: Any, name: str, probing: asyncio.Event) -> dict[str, Any]:
     """Load `name` and cancel the load while its canary is served; then ask for it again."""
     request = [{"policy": name, "prompt": "A PAR", "max_tokens": 1}]
@@ -217,15 +276,25 @@ async def _cut_off(engine: Any, name: str, probing: asyncio.Event) -> dict[str, 
     }
 
 
+def _span(seconds: list[float]) -> str:
+    return f"{min(seconds):.3f}-{max(seconds):.3f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench canary", description=__doc__.split("\n")[0])
     add_batch_options(
-        parser, None, "timed learner steps after one warm-up step (default: --canary-every)", groups=2, forks=4
+        parser, None, "timed learner steps after one warm-up step (default: --canary-every)", groups=16, forks=4
     )
     parser.add_argument(
         "--canary-every", type=int, default=None, help="versions between canaries (default: learner.canary_every)"
     )
+    parser.add_argument(
+        "--traffic", type=int, default=16, help="sampled requests a probe is timed beside (its cost to rollouts)"
+    )
+    parser.add_argument("--trials", type=int, default=3, help="timings of that traffic alone and beside a probe, each")
     args = parser.parse_args(argv)
+    if args.traffic < 1 or args.trials < 1:
+        parser.error("--traffic and --trials must be >= 1")
     if args.canary_every is None:
         from diprl.learn.config import LearnerConfig
 
@@ -255,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         threads = torch.get_num_threads()
         try:
-            served = asyncio.run(serve(config, clean, bytes_only, faults, store, tmp))
+            traffic = traffic_requests(clean[-1], args.traffic, args.seed)
+            served = asyncio.run(serve(config, clean, bytes_only, faults, store, tmp, traffic, args.trials))
         finally:
             torch.set_num_threads(threads)
     alarms = served["alarms"]
@@ -280,12 +350,21 @@ def main(argv: list[str] | None = None) -> int:
         f"loaded unproven: {killed['left_loaded']}; proven again on the next request: {killed['reproved']}"
         f"{'; ' + str(killed['error']) if killed['error'] else ''})"
     )
+    under = served["under_traffic"]
+    alone, beside = statistics.median(under["alone_s"]), statistics.median(under["beside_s"])
     print(
         f"learner step {step_s:.3f} s (a publish's canary included), learner canary {canary_s:.3f} s "
         f"({canary_s / step_s:.3f} of a step, one version in {args.canary_every}; completions unchanged from the "
-        f"previous canary, checked in one forward: {trained['unchanged']}/{len(trained['canary_s'])}), "
-        f"replica probe {statistics.mean(probe_s):.3f} s a version ({statistics.mean(probe_s) / step_s:.3f} of a step)"
+        f"previous canary, checked in one forward: {trained['unchanged']}/{len(trained['canary_s'])})"
     )
-    cost = canary_s / (args.canary_every * step_s)
+    print(
+        f"replica probe {statistics.mean(probe_s):.3f} s a version on an idle engine; beside {args.traffic} sampled "
+        f"requests (median of {args.trials}) {alone:.3f} s alone ({_span(under['alone_s'])}), {beside:.3f} s with a "
+        f"probe ({_span(under['beside_s'])}): it adds (median of the pairs, {_span(under['pairs_s'])}) "
+        f"{under['added_s']:.3f} s ({under['added_s'] / step_s:.3f} of a step)"
+    )
+    # The canaries' share of a run's time: what a canaried version costs the learner (its canary) and the
+    # rollouts (the time its probe adds to their batch), once every `canary_every` steps.
+    cost = (canary_s + under["added_s"]) / (args.canary_every * step_s)
     print(f"canary_caught={n_caught}/{injected} canary_false_alarms={false_alarms} canary_cost={cost:.3f}")
     return 0 if n_caught == injected and false_alarms == 0 else 1
