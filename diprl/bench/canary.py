@@ -1,7 +1,7 @@
 """Canary benchmark: do canaries catch a replica serving other weights than those trained, and what do they cost?
 
     python -m diprl.bench canary [--steps N] [--groups 16] [--forks 4] [--seed 0] [--canary-every N]
-                                 [--traffic 16] [--trials 3]
+                                 [--traffic 16] [--trials 5]
 
 A tiny-model learner takes `--steps` GRPO steps (default: `--canary-every`, so that two versions carry a
 canary) after a warm-up step, publishing a version after each, every `--canary-every`-th with its canary
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--traffic", type=int, default=16, help="sampled requests a probe is timed beside (its cost to rollouts)"
     )
-    parser.add_argument("--trials", type=int, default=3, help="timings of that traffic alone and beside a probe, each")
+    parser.add_argument("--trials", type=int, default=5, help="timings of that traffic alone and beside a probe, each")
     args = parser.parse_args(argv)
     if args.traffic < 1 or args.trials < 1:
         parser.error("--traffic and --trials must be >= 1")
