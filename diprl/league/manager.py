@@ -443,7 +443,8 @@ class LeagueManager:
         rates: Mapping[str, Any] | None = None,
         policy: str = MAIN,
     ) -> dict[str, Any]:
-        """An evaluation of `policy`'s `version`: track the best version, run the guards, maybe decide a rollback.
+        """An evaluation of `policy`'s `version`: run the guards, track the best version among the versions no
+        guard flagged, maybe decide a rollback.
 
         Returns {"best": version, "became_best": bool, "faults": [fault records], "rollback": decision or
         None}. Each fault is a `fault` record for the run's journal. With `league.health.rollback` on, a
@@ -453,11 +454,12 @@ class LeagueManager:
         `rollback_done`.
         """
         current = Score(version, step, score, low, high)
-        prior = self.best.best
-        became = self.best.observe(current)
         faults = collapse_faults(
-            version, step, BehaviourRates(**(rates or {})), self.config.health.guards, current, prior
+            version, step, BehaviourRates(**(rates or {})), self.config.health.guards, current, self.best.best
         )
+        # A version a guard flags never becomes the best, whatever it scored: the best is what a rollback
+        # restores, and a collapsed main that scored well against bots (it can, for a while) must not be it.
+        became = not faults and self.best.observe(current)
         decision = None
         if faults and self.config.health.rollback:
             earlier = [e for e in self.events if e["event"] == "rollback" and e["current"] == version]

@@ -125,6 +125,20 @@ def test_a_collapse_decides_one_rollback_that_survives_a_restart(tmp_path: Path)
     assert (again.health()["league/rollbacks"], again.health()["league/rollbacks_done"]) == (1, 1)
 
 
+def test_a_collapsed_version_that_scores_best_never_becomes_the_best(tmp_path: Path) -> None:
+    manager = league(tmp_path, health=HealthConfig(rollback=True))
+    manager.observe_evaluation("main@v1", 0, 4.0, 3.6, 4.4, {"support_rate": 0.1})
+    manager.register_version("main", "main@v5", 40)
+    # It outscores v1 (a collapsed main can, against bots, for a while) and supports in none of its orders.
+    answer = manager.observe_evaluation("main@v5", 40, 6.0, 5.5, 6.5, {"support_rate": 0.0})
+    assert answer["best"] == "main@v1" and answer["became_best"] is False
+    assert answer["rollback"] is not None and answer["rollback"]["to"] == "main@v1"
+    # A healthy version that is surely better does become the best.
+    manager.register_version("main", "main@v9", 80)
+    answer = manager.observe_evaluation("main@v9", 80, 6.0, 5.5, 6.5, {"support_rate": 0.1})
+    assert answer["best"] == "main@v9" and answer["became_best"] is True and answer["rollback"] is None
+
+
 def test_without_rollback_configured_guards_only_report(tmp_path: Path) -> None:
     manager = league(tmp_path)
     manager.observe_evaluation("main@v1", 0, 4.0, 3.6, 4.4)
