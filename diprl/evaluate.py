@@ -7,8 +7,9 @@
 
 The hero (`policy`) plays against `opponents` in the other six seats, the seven powers rotated,
 in seeded games (see `diprl.eval.suite`). Any PolicyRef may sit anywhere: `bot:<name>`, `base`,
-`<policy>@v<N>` (published under `adapters=`). When a seat needs the LLM, a local Ray (loopback)
-and the PolicyServer (`server=local`, conf/inference/local.yaml) are started for the run; a
+`<policy>@v<N>` (published under `adapters=`), and `<policy>@best`: the version a training run's league
+found best and marked in its adapters (`adapters=runs/<run>/adapters`). When a seat needs the LLM, a local
+Ray (loopback) and the PolicyServer (`server=local`, conf/inference/local.yaml) are started for the run; a
 bots-only run starts nothing. Options are checked before anything starts: an unknown key, a bad
 value or an unknown PolicyRef is an error (exit status 2). A run whose hero got only errors from the
 PolicyServer (its units held all game) keeps its report but exits with status 1.
@@ -34,7 +35,7 @@ from diprl.eval.config import EvaluateConfig, load_evaluate_config, option_help
 from diprl.eval.refs import check_published, is_llm, zoo_model
 from diprl.eval.report import check_writable
 from diprl.eval.suite import SuiteConfig
-from diprl.inference.adapters import IncompatibleAdapter
+from diprl.inference.adapters import AdapterStore, IncompatibleAdapter
 from diprl.messages import PolicyRef
 from diprl.rollout.clients import PolicyClient
 from diprl.structured_config import Command
@@ -67,6 +68,12 @@ def make_plan(config: EvaluateConfig, have_client: bool = False) -> Plan:
     """Check every option and build the suites; raises ValueError/OSError naming what is wrong."""
     if not config.policy:
         raise ValueError("policy=<ref> is required (bot:<name>, base, or <policy>@v<N>)")
+    named = AdapterStore(config.adapters).resolve_alias  # `main@best` -> the version the run marked, first
+    opponents = config.opponents
+    opponents = named(opponents) if isinstance(opponents, str) else [named(str(o)) for o in opponents]
+    config = replace(
+        config, policy=named(config.policy), opponents=opponents, crossplay=[named(r) for r in config.crossplay]
+    )
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out={out} exists and is not a directory")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from diprl.eval.config import load_evaluate_config
+from diprl.evaluate import make_plan
 from diprl.league import LeagueConfig, LeagueManager
 from diprl.league.health import HealthConfig
 from diprl.learn.config import LearnerConfig
@@ -77,7 +79,12 @@ def test_a_planted_collapse_rolls_main_back_once_and_says_so(tmp_path: Path, mon
     def driver() -> tuple[LearnerLoop, EvalSchedule]:
         loop = LearnerLoop({"main": Actor(learner)}, {}, Actor(league), journal, list, lambda why, code: None)
         evals = EvalSchedule(
-            Actor(evaluator), EvalScheduleConfig(at_start=False), journal, Counters(), league=Actor(league)
+            Actor(evaluator),
+            EvalScheduleConfig(at_start=False),
+            journal,
+            Counters(),
+            league=Actor(league),
+            adapters=learner.store,
         )
         return loop, evals
 
@@ -102,7 +109,12 @@ def test_a_planted_collapse_rolls_main_back_once_and_says_so(tmp_path: Path, mon
         assert step(loop, 1) == "main@v2"
         evaluate(evals, "main@v2", 1)  # healthy: the best version
         assert step(loop, 2) == "main@v3"
+        assert str(learner.store.alias("main", "best")) == "main@v2"  # marked main@best in the run's adapters
         evaluate(evals, "main@v3", 2)  # collapsed: a fault, and a rollback decided
+        assert str(learner.store.alias("main", "best")) == "main@v2"  # it scored as well, and is not the best
+        # What `python -m diprl.evaluate policy=main@best adapters=<run>/adapters` plays.
+        named = make_plan(load_evaluate_config(["policy=main@best", f"adapters={tmp_path / 'adapters'}"]), True)
+        assert named.suite.policy == "main@v2"
         assert league.pending_rollback("main") == {
             "policy": "main",
             "current": "main@v3",
@@ -135,6 +147,7 @@ def test_a_planted_collapse_rolls_main_back_once_and_says_so(tmp_path: Path, mon
         learner.engine.destroy()
     tracker.close()
     records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["league/best"] for r in records if "league/best" in r] == ["main@v2"]
     faults = [r for r in records if r["kind"] == "fault" and r.get("guard") == "support_rate"]
     assert [f["version"] for f in faults] == ["main@v3", "main@v8"]
     decided = [r["league/rollback"] for r in records if "league/rollback" in r]

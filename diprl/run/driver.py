@@ -117,7 +117,16 @@ class Driver:
         self.ledger_closed = False
         self.chaos_done = False
         self.rating: float | None = None
-        self.evals = EvalSchedule(actors.evaluator, config.evaluation, journal, counters, league=actors.league)
+        from diprl.inference.adapters import AdapterStore
+
+        self.evals = EvalSchedule(
+            actors.evaluator,
+            config.evaluation,
+            journal,
+            counters,
+            league=actors.league,
+            adapters=AdapterStore(self.run_dir / "adapters"),
+        )
         self.learning = LearnerLoop(
             actors.learners,
             actors.queues,

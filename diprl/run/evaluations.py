@@ -58,6 +58,7 @@ class EvalSchedule:
     last_version: str | None = None
     last: dict[str, float] = field(default_factory=dict)  # opponents -> hero mean centres of the latest evaluation
     league: Any = None  # the LeagueManager actor, told every evaluation (None: nobody is)
+    adapters: Any = None  # the run's AdapterStore, where the league's best version is marked `<policy>@best`
     pinned: set[str] = field(default_factory=set)  # the league's pins already handed to the evaluator
     crossplaying: dict[Any, tuple[str, int]] = field(default_factory=dict)  # ref -> (tag, step)
     crossplay_due: int | None = None  # the step of the evaluation after which a crossplay round is due
@@ -219,8 +220,24 @@ class EvalSchedule:
         answer = ray.get(self.league.observe_evaluation.remote(version, step, score, low, high, rates))
         for fault in answer["faults"]:
             self.journal.fault(fault)
+        if answer["became_best"] and self.adapters is not None:
+            self._mark_best(version, step, score)
         if answer["rollback"] is not None:
             self.journal.log("league", {"step": step, "league/rollback": answer["rollback"]})
+
+    def _mark_best(self, version: str, step: int, score: float) -> None:
+        """The league's new best version becomes `<policy>@best` in the run's AdapterStore (what `python -m
+        diprl.evaluate policy=main@best` and the web app play); a failure to write it is a fault, not a stop."""
+        from diprl.inference.adapters import AdapterError
+        from diprl.inference.adapters.store import BEST
+
+        policy = PolicyRef.parse(version).policy
+        try:
+            self.adapters.set_alias(policy, BEST, version, step=step, score=score)
+        except (AdapterError, OSError) as exc:
+            self.journal.fault({"best_alias": version, "error": repr(exc)[:500]})
+            return
+        self.journal.log("league", {"step": step, "league/best": version})
 
     def final(self, version: str, step: int) -> None:
         """Evaluate the final version now (waiting for it), unless it already was."""

@@ -164,6 +164,44 @@ def test_publish_twice_gives_v1_and_v2_in_distinct_immutable_dirs(tmp_path: Path
     assert index["policies"] == {"main": [1, 2]}
 
 
+def test_best_alias_names_one_published_version_of_its_policy_and_refuses_anything_else(
+    tmp_path: Path, loras: dict[str, Path]
+) -> None:
+    store = AdapterStore(tmp_path)
+    store.publish("main", loras["a"], base_model=str(tiny_base_path()))
+    store.publish("main", loras["b"])
+    store.publish("other", loras["a"])
+    assert store.alias("main", "best") is None and store.resolve_alias("main@v2") == "main@v2"
+    with pytest.raises(UnknownAdapter, match="no version of 'main' is marked 'best'"):
+        store.resolve_alias("main@best")
+    store.set_alias("main", "best", "main@v1", step=10, score=4.5)
+    assert store.resolve_alias("main@best") == "main@v1" and store.resolve_alias("bot:dumbbot") == "bot:dumbbot"
+    store.set_alias("main", "best", "main@v2")  # replaced, not appended
+    assert str(store.alias("main", "best")) == "main@v2" and store.versions("main") == [
+        PolicyRef.adapter("main", 1),
+        PolicyRef.adapter("main", 2),
+    ]  # an alias is not a version
+    for policy, alias, version in (
+        ("main", "best", "other@v1"),
+        ("main", "best", "main@v3"),
+        ("main", "worst", "main@v1"),
+    ):
+        with pytest.raises(AdapterError):
+            store.set_alias(policy, alias, version)
+    assert str(store.alias("main", "best")) == "main@v2"  # a refused mark leaves the old one
+    path = tmp_path / "main" / "best.json"
+    for bad in (b"{", b"[]", json.dumps({"format": "x", "alias": "best", "version": "main@v1"}).encode(),
+                json.dumps({"format": store_module.ALIAS_FORMAT, "alias": "best", "version": "other@v1"}).encode(),
+                b" " * 5000):  # fmt: skip
+        path.write_bytes(bad)
+        with pytest.raises(CorruptAdapter, match="main@best"):
+            store.resolve_alias("main@best")
+    path.unlink()
+    path.symlink_to(tmp_path / "other" / "best.json")
+    with pytest.raises(CorruptAdapter, match="cannot read"):
+        store.alias("main", "best")
+
+
 def test_publish_from_a_peft_model_object(tmp_path: Path) -> None:
     store = AdapterStore(tmp_path)
     ref = store.publish("obj", make_lora_model(seed=5))

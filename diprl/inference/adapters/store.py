@@ -9,6 +9,7 @@ Layout of a store (the directory is the source of truth; `index.json` is a conve
 root/<policy>/v<N>/DIPRL_MANIFEST.json    size + sha256 of each file, rank, alpha, modules, base
     root/<policy>/.tmp-<uuid>/                a publish in progress (never listed)
     root/.pins/<policy>@v<N>                  the version's pin (a MAC of its fingerprint, `pins`), made at publish
+    root/<policy>/best.json                   optional: the alias `<policy>@best`, the version a run found best
 
 Publishing writes a complete version into a temp directory, fsyncs it, pins its fingerprint, and
 claims the next number with one `rename` (under the store's publish lock, so the pin written for a
@@ -74,6 +75,14 @@ from diprl.inference.adapters.names import (
 from diprl.inference.adapters.pins import check_pin, write_pin
 from diprl.messages import PolicyRef
 
+BEST = "best"
+ALIASES = (BEST,)
+"""Names a store may point at one of a policy's versions: `<policy>@best` is the best version a run's league
+found (`LeagueManager.observe_evaluation`), marked by the training driver. An alias is a pointer, not a copy:
+the version it names is verified (manifest, pin) like any other when it is loaded."""
+ALIAS_FORMAT = "diprl-adapter-alias/1"
+_ALIAS_RE = re.compile(rf"(?P<policy>{POLICY_PATTERN})@(?P<alias>{'|'.join(ALIASES)})", re.ASCII)
+_ALIAS_MAX_BYTES = 4096
 INDEX_FILE = "index.json"
 INDEX_FORMAT = "diprl-adapter-index/1"
 PUBLISH_LOCK = ".publish.lock"
@@ -186,6 +195,61 @@ class AdapterStore:
                 pass
             _fs.write_json_atomic(self.root / INDEX_FILE, {**current, "updated": now()})
             return True
+
+    # ---- aliases ----------------------------------------------------------------------------
+
+    def set_alias(self, policy: str, alias: str, version: str, **meta: Any) -> None:
+        """Point `<policy>@<alias>` at `version`, one of `policy`'s complete versions (`root/<policy>/<alias>.json`,
+        replaced atomically); `meta` (the step, the score) is kept beside it for whoever reads the file."""
+        validate_policy_name(policy)
+        if alias not in ALIASES:
+            raise InvalidAdapterName(f"unknown alias {alias!r} (known: {', '.join(ALIASES)})")
+        ref = require_adapter(version)
+        if ref.policy != policy or version not in self:
+            raise UnknownAdapter(f"{policy}@{alias} cannot name {version}: not a published version of {policy!r}")
+        record = {"format": ALIAS_FORMAT, "alias": alias, "version": str(ref), "updated": now(), **meta}
+        _fs.write_json_atomic(self.root / policy / f"{alias}.json", record)
+
+    def alias(self, policy: str, alias: str) -> PolicyRef | None:
+        """The version `<policy>@<alias>` names, or None when no version was marked; `CorruptAdapter` for a file
+        that is not an alias of this policy (malformed, too large, a symlink, another policy's version)."""
+        validate_policy_name(policy)
+        path = self.root / policy / f"{alias}.json"
+        try:
+            raw = _fs.read_bytes(path, _ALIAS_MAX_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as err:  # a symlink (O_NOFOLLOW: ELOOP) or unreadable
+            raise CorruptAdapter(f"{policy}@{alias}: cannot read {path}: {err}") from None
+        try:
+            if len(raw) > _ALIAS_MAX_BYTES:
+                raise ValueError(f"larger than {_ALIAS_MAX_BYTES} bytes")
+            record = json.loads(raw)
+            if not isinstance(record, dict) or record.get("format") != ALIAS_FORMAT or record.get("alias") != alias:
+                raise ValueError(f"not a {ALIAS_FORMAT} record for {alias!r}")
+            named = record.get("version")
+            if not isinstance(named, str):
+                raise ValueError(f"its version is {named!r}, not a version name")
+            ref = require_adapter(named)
+            if ref.policy != policy:
+                raise ValueError(f"it names {ref}, a version of another policy")
+        except (ValueError, RecursionError, AdapterError) as err:
+            raise CorruptAdapter(f"{policy}@{alias}: {path} is not a valid alias: {err}") from None
+        return ref
+
+    def resolve_alias(self, text: str) -> str:
+        """`<policy>@<alias>` (`main@best`) as the version it names (`main@v12`); any other text unchanged.
+        `UnknownAdapter` when no version of the policy was marked."""
+        match = _ALIAS_RE.fullmatch(text)
+        if match is None:
+            return text
+        ref = self.alias(match["policy"], match["alias"])
+        if ref is None:
+            raise UnknownAdapter(
+                f"{text}: no version of {match['policy']!r} is marked {match['alias']!r} in {self.root} (a training "
+                "run marks main's best version after an evaluation finds it)"
+            )
+        return str(ref)
 
     # ---- publishing -------------------------------------------------------------------------
 
