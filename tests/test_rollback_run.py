@@ -164,3 +164,39 @@ def test_a_planted_collapse_rolls_main_back_once_and_says_so(tmp_path: Path, mon
         ("rollback", None),
         ("rollback_done", "main@v9"),
     ]
+
+
+@pytest.mark.slow
+def test_a_smoke_run_with_a_planted_collapse_rolls_main_back_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole system (Ray, PolicyServer, evaluator, league, learner): from step 2 on every evaluation of main
+    reports no supports (`train.plant_collapse_at_step`), the guard fires, the league decides a rollback to
+    the best version (main@v1, evaluated healthy at the start) and the learner carries it out in the run."""
+    from diprl.inference.adapters import AdapterStore
+    from diprl.train import main
+
+    run_dir = tmp_path / "run"
+    args = ["+experiment=smoke", "train.dashboard=false", "train.web_port=null", "train.wandb=false"]
+    args += ["inference.port=0", f"train.run_dir={run_dir}", "train.max_steps=10", "evaluation.every_steps=2"]
+    args += ["train.plant_collapse_at_step=2", "league.health.rollback=true"]
+    assert main(args) == 0
+    records = read_metrics(run_dir / "metrics.jsonl")
+    planted = {r["planted_collapse"]: r["step"] for r in records if r["kind"] == "fault" and "planted_collapse" in r}
+    assert planted and min(planted.values()) >= 2, planted
+    fired = {r["version"] for r in records if r["kind"] == "fault" and r.get("guard") == "support_rate"}
+    assert fired == set(planted)  # the guard fired on every planted evaluation, and on nothing else
+    assert [r["league/best"] for r in records if "league/best" in r] == ["main@v1"]  # the start's, never a planted one
+    decided = [r["league/rollback"] for r in records if "league/rollback" in r]
+    done = [r["league/rollback_done"] for r in records if "league/rollback_done" in r]
+    assert decided and all(d["to"] == "main@v1" for d in decided), decided
+    assert done and all(d["to"] == "main@v1" for d in done), (decided, done)
+    store = AdapterStore(run_dir / "adapters")
+    assert str(store.alias("main", "best")) == "main@v1"
+    restored = done[0]["published"]
+    if restored in store:  # the restored version may have been pruned since (learner.keep_versions); v1 never is
+        weights = [(store.resolve(v).path / "adapter_model.safetensors").read_bytes() for v in ("main@v1", restored)]
+        assert weights[0] == weights[1]
+    league = json.loads((run_dir / "league_summary.json").read_text())
+    events = [e["event"] for e in league["health"]["events"]]
+    assert "rollback" in events and "rollback_done" in events

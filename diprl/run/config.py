@@ -93,10 +93,17 @@ class TrainConfig:
     # taken `chaos_after_step` steps. E.g. [rollout-0, league, learner-main, policy-server].
     chaos: list[str] = field(default_factory=list)
     chaos_after_step: int = 1
+    # Testing the collapse guards and rollback: every evaluation of main at or after this step reports that it
+    # ordered no supports (the guards' input forced: a planted collapse), a `fault` record each; 0: never.
+    plant_collapse_at_step: int = 0
     # Opponents from elsewhere: policy name -> a PEFT adapter directory (e.g. another run's adapters/main/v37),
     # published into this run's store as <name>@v1 before anything starts; league.anchors may name them
     # (diprl.run.frozen). Never trained.
     frozen_adapters: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.plant_collapse_at_step, bool) or self.plant_collapse_at_step < 0:
+            raise ValueError(f"train.plant_collapse_at_step must be >= 0 (0: never), got {self.plant_collapse_at_step}")
 
 
 # Resources a role already asks for through its own fields (cpus, gpus): Ray refuses them in `resources`.

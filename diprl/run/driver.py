@@ -126,6 +126,7 @@ class Driver:
             counters,
             league=actors.league,
             adapters=AdapterStore(self.run_dir / "adapters"),
+            planted_collapse=config.train.plant_collapse_at_step,
         )
         self.learning = LearnerLoop(
             actors.learners,

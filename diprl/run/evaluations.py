@@ -59,6 +59,7 @@ class EvalSchedule:
     last: dict[str, float] = field(default_factory=dict)  # opponents -> hero mean centres of the latest evaluation
     league: Any = None  # the LeagueManager actor, told every evaluation (None: nobody is)
     adapters: Any = None  # the run's AdapterStore, where the league's best version is marked `<policy>@best`
+    planted_collapse: int = 0  # `train.plant_collapse_at_step`: from this step on, evaluations report no supports
     pinned: set[str] = field(default_factory=set)  # the league's pins already handed to the evaluator
     crossplaying: dict[Any, tuple[str, int]] = field(default_factory=dict)  # ref -> (tag, step)
     crossplay_due: int | None = None  # the step of the evaluation after which a crossplay round is due
@@ -217,6 +218,9 @@ class EvalSchedule:
 
         self.crossplay_due = step
         score, low, high, rates = evaluation_health(result)
+        if self.planted_collapse and step >= self.planted_collapse:
+            rates = rates | {"support_rate": 0.0}
+            self.journal.fault({"planted_collapse": version, "step": step, "support_rate": 0.0})
         answer = ray.get(self.league.observe_evaluation.remote(version, step, score, low, high, rates))
         for fault in answer["faults"]:
             self.journal.fault(fault)

@@ -47,6 +47,7 @@ RESUME_MAY_CHANGE = frozenset(
         "train.ray_num_cpus",
         "train.chaos",
         "train.chaos_after_step",
+        "train.plant_collapse_at_step",
         "rollout.num_workers",
         "rollout.worker_cpus",
         "rollout.matches_in_flight",
