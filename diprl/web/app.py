@@ -13,6 +13,7 @@ set) is answered with a page or JSON naming what is wrong, with a 4xx status, an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -219,10 +220,14 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
 
         refs = [f"bot:{b}" for b in bot_names()] + [f"zoo:{name}" for name in known_entries()] + ["base"]
         if path is not None:
-            from diprl.inference.adapters import AdapterStore
+            from diprl.inference.adapters import AdapterError, AdapterStore
+            from diprl.inference.adapters.store import BEST
 
             store = AdapterStore(path / "adapters")
             for policy in store.policies():
+                with contextlib.suppress(AdapterError):  # a broken mark offers the versions alone
+                    if store.alias(policy, BEST) is not None:
+                        refs.append(f"{policy}@{BEST}")  # the version the run's league found best
                 refs += [str(r) for r in reversed(store.versions(policy))]
         return refs
 

@@ -118,7 +118,8 @@ def check_setup(
         raise PlayError(f"the last year must be between {FIRST_YEAR} and {MAX_YEAR}, got {max_year!r}")
     refs = {power: check_ref(power, text, run, adapters) for power, text in seats.items()}
     model = _zoo_model(refs)
-    return PlaySetup(human, {**dict(seats), human: "human"}, max_year, run, adapters, model)
+    # The checked refs, not the texts: `main@best` sits as the version it named when the game started.
+    return PlaySetup(human, {**{p: str(r) for p, r in refs.items()}, human: "human"}, max_year, run, adapters, model)
 
 
 def _zoo_model(refs: Mapping[str, PolicyRef]) -> str:
@@ -142,7 +143,15 @@ def _zoo_model(refs: Mapping[str, PolicyRef]) -> str:
 
 
 def check_ref(power: str, text: str, run: str | None, adapters: Path | None) -> PolicyRef:
-    """A PolicyRef that names somebody who can play: a registered bot, `base`, or a published version."""
+    """A PolicyRef that names somebody who can play: a registered bot, `base`, a zoo entry, or a published version
+    (`<policy>@best` is the version the run marked best, resolved here: a game keeps that version)."""
+    if adapters is not None:
+        from diprl.inference.adapters import AdapterError, AdapterStore
+
+        try:
+            text = AdapterStore(adapters).resolve_alias(text)
+        except AdapterError as exc:
+            raise PlayError(f"{power}: {exc}") from None
     try:
         ref = PolicyRef.parse(text)
     except UnknownPolicyRef as exc:

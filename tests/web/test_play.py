@@ -156,6 +156,27 @@ def test_llm_seats_are_answered_through_the_client_with_the_runs_adapters(
         assert session.game.history[0].orders[power] == tuple(sorted(answer.orders)), power
 
 
+def test_a_runs_best_version_is_offered_and_played_as_the_version_it_names(
+    http: TestClient, clients: FakePolicyClients, run_tree: RunTree
+) -> None:
+    from diprl.inference.adapters import AdapterStore
+
+    store = AdapterStore(run_tree.run_dir / "adapters")
+    refused = http.post("/play", data=_form("FRANCE", 1901, RUN, ENGLAND="main@best"))  # nothing marked yet
+    assert refused.status_code != 303 and "no version of 'main' is marked 'best'" in _text(refused)
+    assert "main@best" not in _text(http.get("/play", params={"run": RUN}))
+    store.set_alias("main", "best", "main@v2")
+    try:
+        assert '<option value="main@best"' in _text(http.get("/play", params={"run": RUN}))
+        game_id = _new_game(http, run=RUN, ENGLAND="main@best")
+        session = _session(http, game_id)
+        assert _submit(http, game_id, "S1901M", _moves(session)).status_code == 303  # type: ignore[attr-defined]
+        [request] = [r for _, requests, _ in clients.calls for r in requests if r.legal["power"] == "ENGLAND"]
+        assert request.policy == "main@v2"  # the version the mark named when the game started
+    finally:
+        (run_tree.run_dir / "adapters" / "main" / "best.json").unlink()
+
+
 def test_zoo_seats_are_answered_on_their_own_model(http: TestClient, clients: FakePolicyClients) -> None:
     from diprl.policy.zoo import load_entry
 
