@@ -200,3 +200,7 @@ def test_a_smoke_run_with_a_planted_collapse_rolls_main_back_and_says_so(
     league = json.loads((run_dir / "league_summary.json").read_text())
     events = [e["event"] for e in league["health"]["events"]]
     assert "rollback" in events and "rollback_done" in events
+    # A clean run as far as serving goes: every canaried version a replica checked was the published one.
+    canaries = [r for r in records if r["kind"] == "canary"]
+    assert canaries and all(r["canary/served_is_published"] == 1 and r["canary/error"] < 1e-4 for r in canaries)
+    assert not [r for r in records if r["kind"] == "fault" and "canary_refused" in r]
