@@ -54,8 +54,9 @@ __all__ = [
 ]
 
 CANARY_FORMAT = 1
-CANARY_UNITS = (("AUSTRIA", "VIE"), ("FRANCE", "BRE"), ("ITALY", "NAP"), ("TURKEY", "CON"))
-"""(power, unit location) of each canary at the opening: armies and fleets, inland and coastal."""
+CANARY_UNITS = (("AUSTRIA", "VIE"), ("FRANCE", "BRE"))
+"""(power, unit location) of each canary at the opening: an army inland and a fleet on the coast. Two, not
+more: each costs every replica a request beside the rollouts' (docs/inference.md, "Cost")."""
 CANARY_MAX_TOKENS = 256
 """Decoding budget of one canary; an opening completion needs far less, so a canary is never truncated."""
 TOLERANCE = 1e-4

@@ -53,9 +53,10 @@ class LearnerConfig:
     publish_every: int = 1  # optimiser steps between published versions
     # Published versions between two that carry a canary (`diprl.learn.canary`: the learner's greedy decode
     # of the canary set, which a replica must reproduce to serve the version); the first publish of a process
-    # always carries one. Versions in between are checked by their bytes only. 10 keeps the decode under 2%
-    # of a step on the tiny CPU model (`python -m diprl.bench canary`, docs/inference.md); 1 proves every one.
-    canary_every: int = 10
+    # always carries one. Versions in between are checked by their bytes only. 16 keeps the learner's canary and
+    # the replicas' probes under 2% of a run on the tiny CPU model (`python -m diprl.bench canary`,
+    # docs/inference.md); 1 proves every one.
+    canary_every: int = 16
     checkpoint_every: int = 10  # optimiser steps between checkpoints (0: only on request)
     keep_checkpoints: int = 3
     # Adapter versions of this policy kept in the store beyond those the league holds and those still
