@@ -419,7 +419,7 @@ class MatchReport:
     results: list[MatchResult]
     groups: list[str]  # ids of the groups the ledger accepted from this match
     counts: PlayCounts = field(default_factory=PlayCounts)
-    undelivered: int = 0  # groups the ledger refused (the run is stopping) or another attempt is delivering
+    undelivered: int = 0  # groups of this attempt the ledger refused (the run is stopping)
     group_records: int = 0
     hero_returns: list[float] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (`MATCH_STAGES`)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -41,6 +42,7 @@ from diprl.rollout.episode import Episode, EpisodeConfig, EpisodeOutput
 from diprl.rollout.lockstep import Job, LockstepStats, QueueSource, drive
 
 CLOSE_POLL_S = 1.0  # how often a delivery waiting on a full queue checks whether the ledger was closed
+SETTLE_POLL_S = 0.05  # how often a report waiting for a match's in-flight deliveries checks them
 
 
 @dataclass
@@ -117,7 +119,7 @@ class GroupLedger:
     Exactly once means one group per seat of a match (`group_seat`: match and power): a match replayed
     after its worker died is played again from its seed, but sampling need not repeat itself, and the
     replay may fork at another phase than the attempt that already delivered; its group is dropped all
-    the same, and `held` names the one that went through.
+    the same, and `delivered_for` names the one that went through.
 
     `accepted_log` (a path; None keeps the ids in memory only) records each accepted id, fsynced
     after the put and before `deliver` returns, so a ledger Ray restarts reads them back and still
@@ -131,6 +133,7 @@ class GroupLedger:
             {p: _queue(q) for p, q in queues.items()} if isinstance(queues, Mapping) else _queue(queues)
         )
         self.seats: dict[tuple[str, str], str] = {}  # (match, power) -> the id accepted for it
+        self.by_match: dict[str, set[str]] = {}  # match -> the ids accepted for its seats
         self.in_flight: set[tuple[str, str]] = set()
         self.duplicates = 0
         self.unroutable = 0
@@ -143,7 +146,7 @@ class GroupLedger:
                 # A torn last line (a crash mid-write) has no newline: its id was never acknowledged.
                 lines = self.log_path.read_text().split("\n")
                 for gid in (line for line in lines[:-1] if line):
-                    self.seats.setdefault(group_seat(gid), gid)
+                    self._remember(gid)
 
     def _queue_for(self, group: TrajectoryGroup) -> Queue | None:
         if not isinstance(self.queues, dict):
@@ -184,12 +187,25 @@ class GroupLedger:
         self._accept(gid)
         return True
 
-    def held(self, group: TrajectoryGroup) -> str | None:
-        """The id of the group accepted for `group`'s seat of its match (its own, or an earlier attempt's)."""
-        return self.seats.get(group_seat(group.group_id))
+    async def delivered_for(self, match_id: str) -> list[str]:
+        """Every id accepted for a seat of `match_id`, once no delivery for one of its seats is in flight.
+
+        This is what a match's report names: a replay whose own group tied (none to deliver), or whose
+        delivery found an earlier attempt's put still waiting on a full queue, names the group that went
+        through all the same, so the reports account for every queued group.
+        """
+        while any(seat[0] == match_id for seat in self.in_flight):
+            await asyncio.sleep(SETTLE_POLL_S)
+        return sorted(self.by_match.get(match_id, ()))
+
+    def _remember(self, gid: str) -> None:
+        seat = group_seat(gid)
+        if seat not in self.seats:
+            self.seats[seat] = gid
+            self.by_match.setdefault(seat[0], set()).add(gid)
 
     def _accept(self, gid: str) -> None:
-        self.seats[group_seat(gid)] = gid
+        self._remember(gid)
         if self.log_path is not None:
             with self.log_path.open("a") as fh:
                 fh.write(gid + "\n")
@@ -278,15 +294,14 @@ class RolloutWorker:
             worker_pid=self.pid,
         )
         start = time.perf_counter()
-        for group in out.groups:
-            if self.ledger is None:
-                continue
-            if ray.get(self.ledger.deliver.remote(group)):
-                report.groups.append(group.group_id)
-            elif (held := ray.get(self.ledger.held.remote(group))) is not None:
-                report.groups.append(held)  # a replayed match: an earlier attempt delivered this seat's group
-            else:  # refused (the run is stopping), or another attempt is delivering it
-                report.undelivered += 1
+        if self.ledger is not None:
+            for group in out.groups:
+                ray.get(self.ledger.deliver.remote(group))
+            # What went through for this match's seats: its own groups, and those an earlier attempt of a
+            # replayed match delivered (whether or not this attempt's sampling forked the same seats).
+            report.groups = ray.get(self.ledger.delivered_for.remote(match.match_id))
+            through = {group_seat(gid) for gid in report.groups}
+            report.undelivered = sum(group_seat(g.group_id) not in through for g in out.groups)  # refused
         report.timings = {"play": played, "deliver": time.perf_counter() - start, **self._loop_seconds()}
         if out.trace is not None and self.config.trace_dir:
             report.trace = self._write_trace(match.match_id, out.trace)

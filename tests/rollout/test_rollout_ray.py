@@ -171,6 +171,28 @@ def test_ledger_routes_groups_to_their_policys_queue_once(ray_cluster: None) -> 
     assert ray.get(ledger.stats.remote()) == {"accepted": 2, "duplicates": 1, "unroutable": 1, "refused": 0}
 
 
+def test_a_match_is_reported_with_what_went_through_once_its_deliveries_settle(ray_cluster: None) -> None:
+    """A replay's report names the group an earlier attempt delivered: also when that attempt's put still
+    waits on a full queue, and whether or not the replay forked that seat at all (its forks may tie)."""
+    import ray
+    from ray.util.queue import Queue
+
+    from diprl.rollout.worker import GroupLedger
+
+    queue = Queue(maxsize=1)
+    ledger = GroupLedger.remote({"main": queue})  # type: ignore[attr-defined]
+    assert ray.get(ledger.deliver.remote(_group("filler"))) is True  # the queue is full now
+    first = group_id("m9", "S1902M", "FRANCE")
+    waiting = ledger.deliver.remote(_group(first))  # the first attempt's put, waiting on the full queue
+    assert ray.get(ledger.deliver.remote(_group(group_id("m9", "F1903M", "FRANCE")))) is False  # its replay
+    report = ledger.delivered_for.remote("m9")
+    ready, _ = ray.wait([report], timeout=1.0)
+    assert not ready, "a match's report waits until the deliveries for its seats settle"
+    assert queue.get(timeout=5).group_id == "filler"  # the learner consumes: the waiting put goes through
+    assert ray.get(waiting) is True and ray.get(report, timeout=30) == [first]
+    assert ray.get(ledger.delivered_for.remote("m8")) == []
+
+
 def test_a_restarted_ledger_still_drops_groups_it_accepted(
     ray_cluster: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -190,7 +212,7 @@ def test_a_restarted_ledger_still_drops_groups_it_accepted(
     # A replay of match m7 whose sampling went another way forked a year later: the same seat, dropped.
     replay = _group(group_id("m7", "F1903M", "FRANCE"))
     assert ray.get(ledger.deliver.remote(replay)) is False
-    assert ray.get(ledger.held.remote(replay)) == first
+    assert ray.get(ledger.delivered_for.remote("m7")) == [first]
     assert ray.get(ledger.deliver.remote(_group(group_id("m7", "F1903M", "ENGLAND")))) is True  # another seat
     assert ray.get(ledger.deliver.remote(_group("b"))) is True
     assert ray.get(ledger.stats.remote())["accepted"] == 4
