@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "strength": "diprl.bench.strength",
     "canary": "diprl.bench.canary",
     "league-value": "diprl.bench.league_value",
+    "preload": "diprl.bench.preload",
 }
 
 

@@ -1,0 +1,132 @@
+"""Does preloading an OpenMP runtime or an allocator speed the CPU engine up? Measured, not assumed.
+
+    python -m diprl.bench preload [--rounds 3] [--requests 48] [--quiet] [--verbose]
+
+vLLM's CPU worker warns when libtcmalloc and Intel's OpenMP runtime (libiomp5) are not in `LD_PRELOAD`,
+the first advice of its CPU guide. A library preloaded must be there before the process starts, so the
+comparison cannot share one process: each round runs the same workload in two child processes, one plain
+and one with the libraries found here preloaded, in alternating order (plain first in even rounds), so a
+machine that gets busier or quieter during the run weighs on both sides alike.
+
+The workload is the inference benchmark's first part: constrained mid-game order requests (temperature 1)
+through the bare vLLM engine of the tiny preset, tokens per second after a warm-up. Each child prints its
+rate on its last line (`tokens_per_s=<x>`); the ratio of each round is taken side by side.
+
+Last line: `preload_speedup=<median over rounds of preloaded / plain tokens/s> preload=<libraries, ':'-joined>`.
+Exits 1 when no library to preload is found (nothing to compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from diprl.console import add_console_flags, bar_enabled, progress_bar
+
+RATE = re.compile(r"^tokens_per_s=(?P<rate>[0-9.]+)$", re.MULTILINE)
+
+
+def preload_libraries(
+    prefix: str = sys.prefix, find: Callable[[str], str | None] = ctypes.util.find_library
+) -> list[str]:
+    """The libraries vLLM's CPU guide advises preloading that this machine has: Intel's OpenMP runtime from
+    the environment's `lib` (the `intel-openmp` wheel puts it there), and tcmalloc wherever the loader finds it."""
+    found = []
+    iomp = Path(prefix) / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        found.append(str(iomp))
+    tcmalloc = find("tcmalloc") or find("tcmalloc_minimal")
+    if tcmalloc:
+        found.append(tcmalloc)
+    return found
+
+
+def child_rate(output: str) -> float:
+    """The tokens/s a child printed last; a clear error when it printed none (it failed)."""
+    rates = RATE.findall(output)
+    if not rates:
+        raise RuntimeError(f"the benchmark child printed no tokens_per_s line; its output ended:\n{output[-2000:]}")
+    return float(rates[-1])
+
+
+def run_child(requests: int, preload: Sequence[str]) -> float:
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload)
+    command = [sys.executable, "-m", "diprl.bench.preload", "--child", "--requests", str(requests)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the benchmark child exited {done.returncode}:\n{(done.stdout + done.stderr)[-2000:]}")
+    return child_rate(done.stdout)
+
+
+def compare(rounds: int, measure: Callable[[bool], float], on_round: Callable[[int, float, float], None]) -> float:
+    """Median over `rounds` of preloaded / plain rate, the two sides alternating which runs first."""
+    ratios = []
+    for i in range(rounds):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        rates = {preloaded: measure(preloaded) for preloaded in order}
+        on_round(i, rates[False], rates[True])
+        ratios.append(rates[True] / rates[False])
+    return statistics.median(ratios)
+
+
+def _child(requests: int) -> int:
+    from diprl.bench.inference import _requests, bare_engine
+    from diprl.inference.config import ServerConfig
+    from diprl.policy.models import build_model
+
+    build_model("tiny")
+    config = ServerConfig(
+        model="tiny", adapter_root=tempfile.mkdtemp(prefix="diprl-bench-preload-"), log_level="WARNING"
+    )
+    rate, _ = bare_engine(config, _requests(requests, ["base"]), rounds=2)
+    print(f"tokens_per_s={rate:.3f}", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diprl.bench preload", description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_console_flags(parser)
+    args = parser.parse_args(argv)
+    if args.child:
+        return _child(args.requests)
+    if args.rounds < 1 or args.requests < 1:
+        parser.error("--rounds and --requests must be at least 1")
+    preload = preload_libraries()
+    if not preload:
+        print("nothing to preload: neither libiomp5 in this environment nor libtcmalloc on this machine")
+        return 1
+    print(f"preload benchmark: {args.requests} constrained requests, bare vLLM CPU engine, tiny preset")
+    print(f"preloaded: {':'.join(preload)}")
+    print(f"{'round':<8}{'plain tokens/s':>16}{'preloaded tokens/s':>20}{'ratio':>8}")
+    rows: list[str] = []
+    bar = progress_bar(args.rounds, "rounds", bar_enabled(args.quiet), "round")
+    with bar:
+
+        def on_round(i: int, plain: float, preloaded: float) -> None:
+            rows.append(f"{i:<8}{plain:>16.1f}{preloaded:>20.1f}{preloaded / plain:>8.2f}")
+            bar.update()
+
+        speedup = compare(
+            args.rounds, lambda preloaded: run_child(args.requests, preload if preloaded else []), on_round
+        )
+    print("\n".join(rows))
+    print(f"preload_speedup={speedup:.3f} preload={':'.join(preload)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
