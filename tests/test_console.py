@@ -86,7 +86,7 @@ def test_console_module_imports_nothing_from_the_rest_of_diprl() -> None:
     assert not {m for m in imported if m.split(".")[0] == "diprl"}
 
 
-BENCHMARKS_WITH_FLAGS = ("engine", "constraint", "inference", "rollout", "learner", "league")
+BENCHMARKS_WITH_FLAGS = ("engine", "constraint", "inference", "rollout", "learner", "league", "preload")
 
 
 @pytest.mark.parametrize("name", BENCHMARKS_WITH_FLAGS)
