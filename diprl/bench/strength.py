@@ -59,6 +59,26 @@ def suites(
     return out
 
 
+def gap_by_year(hero: dict[str, Any], teacher: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The teacher gap at the start of each year after the first (the last: the final count), paired game by
+    game as the gap itself: where in the game a policy gains on DumbBot in its seats, and where it loses."""
+    years = hero["centres_by_year"]["years"]
+    pairs = list(zip(hero["per_game"], teacher["per_game"], strict=True))
+    for mine, theirs in pairs:
+        if (mine["seed"], mine["hero_power"]) != (theirs["seed"], theirs["hero_power"]):
+            raise ValueError(f"the suites' games are not paired: {mine['index']} and {theirs['index']} differ")
+
+    def at(game: dict[str, Any], i: int) -> int:
+        counts = game["hero_centres_by_year"]
+        return counts[min(i, len(counts) - 1)]  # a finished game carries its final count forward
+
+    return {
+        str(year): paired_gain([at(t, i) for _, t in pairs], [at(m, i) for m, _ in pairs])
+        for i, year in enumerate(years)
+        if i > 0
+    }
+
+
 def summarize(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The bench's figures from the suites' reports (in `suites` order)."""
     hero, teacher, random_ = reports[0], reports[1], reports[2]
@@ -80,6 +100,7 @@ def summarize(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "policy_vs_random_ci95": random_["hero_centres"]["ci95"],
         "support_rate_vs_dumbbot": hero["behaviour"]["support_rate"],
         "dumbbot_support_rate": teacher["behaviour"]["support_rate"],
+        "teacher_gap_by_year": gap_by_year(hero, teacher),
     }
     if len(reports) > 3:
         full = reports[3]
@@ -104,6 +125,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"teacher gap {summary['teacher_gap']:+.2f} "
         f"[{summary['teacher_gap_lo']:+.2f}, {summary['teacher_gap_hi']:+.2f}]"
         f" (better in {summary['games_better']} games, worse in {summary['games_worse']})",
+        "teacher gap at the start of each year: "
+        + ", ".join(f"{year} {gap['gain']:+.2f}" for year, gap in summary["teacher_gap_by_year"].items()),
         f"policy vs 6 Random: {ci('policy_vs_random')} centres",
     ]
     full = summary.get("full_games")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from diprl.bench.__main__ import main
-from diprl.bench.strength import FULL_MAX_YEAR, MAX_YEAR, SEED, suites, summarize
+from diprl.bench.strength import FULL_MAX_YEAR, MAX_YEAR, SEED, suites, summarize, summary_lines
 from diprl.eval.suite import game_specs
 
 
@@ -29,9 +29,16 @@ def test_the_teacher_plays_the_policys_seats_of_the_same_games() -> None:
     assert len(suites("base", full_games=0)) == 3
 
 
-def _report(centres: list[int]) -> dict[str, Any]:
+def _report(centres: list[int], first_year: int = 4) -> dict[str, Any]:
+    """A suite's report with what the summary reads: each game ends 1902 at `first_year` centres."""
     mean = sum(centres) / len(centres)
+    per_game = [
+        {"index": i, "seed": 100 + i, "hero_power": f"P{i % 7}", "hero_centres_by_year": [3, first_year, c]}
+        for i, c in enumerate(centres)
+    ]
     return {
+        "per_game": per_game,
+        "centres_by_year": {"years": [1901, 1902, 1903]},
         "hero_centres_per_game": centres,
         "hero_mean_sc": mean,
         "hero_centres": {"mean": mean, "ci95": [mean - 1, mean + 1]},
@@ -50,6 +57,20 @@ def test_the_gap_is_paired_game_by_game() -> None:
     assert summary["policy_vs_random"] == 15.0
     swapped = summarize([_report(teacher), _report(policy), _report([4] * 7)])
     assert swapped["teacher_gap"] == -1.0 and swapped["games_worse"] == 7
+
+
+def test_the_gap_by_year_shows_where_in_the_game_the_policy_gains_and_loses() -> None:
+    # Ahead by two centres after 1901, behind by one at the end: the final gap alone hides the first.
+    teacher = [4, 6, 5, 7, 4, 5, 6]
+    summary = summarize([_report([c - 1 for c in teacher], first_year=6), _report(teacher), _report([15] * 7)])
+    by_year = summary["teacher_gap_by_year"]
+    assert list(by_year) == ["1902", "1903"]
+    assert (by_year["1902"]["gain"], by_year["1903"]["gain"]) == (2.0, -1.0) == (by_year["1902"]["lo"], -1.0)
+    assert "teacher gap at the start of each year: 1902 +2.00, 1903 -1.00" in "\n".join(summary_lines(summary))
+    unpaired = _report(teacher)
+    unpaired["per_game"][3]["seed"] = 7
+    with pytest.raises(ValueError, match="not paired"):
+        summarize([_report(teacher), unpaired, _report([15] * 7)])
 
 
 def test_a_bots_only_run_prints_the_teacher_gap_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
