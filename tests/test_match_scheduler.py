@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diprl.messages import Match, MatchReport, PlayCounts, PolicyRef
+from diprl.messages import Match, MatchReport, MatchResult, PlayCounts, PolicyRef
 from diprl.run.journal import Journal
 from diprl.run.matches import MatchScheduler, ServingFailed
 from diprl.run.progress import RunStats
@@ -92,11 +92,24 @@ def test_bad_completions_tied_groups_and_stage_timings_reach_the_runs_metrics(
     )
     monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
     stages = {"play": 4.0, "deliver": 0.5, "inference": 2.0, "engine": 1.0, "bots": 0.25}
+
+    def forks(match: str, *hero_centres: int) -> list[MatchResult]:
+        return [
+            MatchResult(match, i, SEATS, "FRANCE", {"FRANCE": c}, {"FRANCE": 1}, "F1902M", None, len(hero_centres))
+            for i, c in enumerate(hero_centres)
+        ]
+
     played = [
         MatchReport(
-            "m1", [], ["g1"], PlayCounts(completions=10, bad_completions=3, skipped_zero_variance=1), timings=stages
+            "m1",
+            forks("m1", 5, 5, 5),  # the hero's centres the same in every fork: a level outcome
+            ["g1"],
+            PlayCounts(completions=10, bad_completions=3, skipped_zero_variance=1),
+            timings=stages,
         ),
-        MatchReport("m2", [], ["g2", "g3"], PlayCounts(completions=10), timings={k: 0.0 for k in stages}),
+        MatchReport(
+            "m2", forks("m2", 4, 6, 5), ["g2", "g3"], PlayCounts(completions=10), timings=dict.fromkeys(stages, 0.0)
+        ),
     ]
     s = scheduler(tmp_path, played, monkeypatch)
     s.journal.tracker = Tracker(tmp_path, {}, use_wandb=True)
@@ -112,7 +125,26 @@ def test_bad_completions_tied_groups_and_stage_timings_reach_the_runs_metrics(
     [rollout] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "rollout"]
     assert rollout["rollout/bad_completion_rate"] == 3 / 20
     assert rollout["rollout/zero_variance_rate"] == 1 / 4  # one tied seat of four compared
+    assert rollout["rollout/level_outcome_rate"] == 1 / 2  # one match of two ended level in every fork
     assert {k: rollout[f"rollout/{k}_s"] for k in stages} == {k: v / 2 for k, v in stages.items()}  # per match
     assert (s.counters.bad_completions, s.counters.zero_variance_skips) == (3, 1)  # whole run, kept on resume
     [wandb_row] = [row for row in logged if "main/rollout/bad_completion_rate" in row]
     assert wandb_row["main/rollout/zero_variance_rate"] == 0.25 and wandb_row["main/rollout/inference_s"] == 1.0
+
+
+def test_a_match_is_level_when_its_hero_ends_every_fork_with_the_same_centres() -> None:
+    from diprl.run.progress import level_outcome
+
+    def played(*hero_centres: int) -> MatchReport:
+        results = [
+            MatchResult("m", i, SEATS, "FRANCE", {"FRANCE": c, "ENGLAND": i}, {"FRANCE": 1}, "F1902M", None, 3)
+            for i, c in enumerate(hero_centres)
+        ]
+        return MatchReport("m", results, [])
+
+    # Other powers' centres differ in every fork here: only the hero's count decides.
+    assert (level_outcome(played(5, 5, 5)), level_outcome(played(5, 6, 5)), level_outcome(played(5))) == (
+        True,
+        False,
+        None,
+    )

@@ -4,7 +4,9 @@ The windows are short (the last `window` groups and matches), so the progress li
 `rollout` records follow the policy as it changes rather than averaging the whole run. Besides returns
 and centres, the `rollout` record carries what tells a sick run from a healthy one: the share of
 malformed completions, the share of trained seats whose forks all tied (no GRPO comparison, nothing
-trained), and where a worker's time goes per match (`MATCH_STAGES`).
+trained), the share of matches whose hero ended its forks with the same centres (`level_outcome`: only
+the shaping and order rewards rank such forks, so a high share says the horizon is too short to decide
+anything), and where a worker's time goes per match (`MATCH_STAGES`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ WINDOW = 64
 def mean(values: Iterable[float]) -> float:
     values = list(values)
     return float(sum(values) / len(values)) if values else 0.0
+
+
+def level_outcome(report: MatchReport) -> bool | None:
+    """Whether every fork of a match left its hero with the same centres at the horizon (None: under two forks)."""
+    centres = [r.centres[r.hero] for r in report.results]
+    return len(set(centres)) == 1 if len(centres) > 1 else None
 
 
 @dataclass
@@ -59,9 +67,11 @@ class RunStats:
         bad = sum(r.counts.bad_completions for r in reports)
         tied = sum(r.counts.skipped_zero_variance for r in reports)
         compared = tied + sum(len(r.groups) + r.undelivered for r in reports)
+        levels = [level for r in reports if (level := level_outcome(r)) is not None]
         record = {
             "rollout/bad_completion_rate": bad / completions if completions else 0.0,
             "rollout/zero_variance_rate": tied / compared if compared else 0.0,
+            "rollout/level_outcome_rate": sum(levels) / len(levels) if levels else 0.0,
         }
         for stage in MATCH_STAGES:
             record[f"rollout/{stage}_s"] = mean(r.timings.get(stage, 0.0) for r in reports)
