@@ -34,10 +34,7 @@ RAY_GAUGES = {
     "rollout/groups_per_s": ("diprl_groups_per_s", "trajectory groups delivered per second"),
     "rollout/bad_completion_rate": ("diprl_bad_completion_rate", "share of recent LLM completions malformed"),
     "rollout/zero_variance_rate": ("diprl_zero_variance_rate", "share of recent trained seats whose forks all tied"),
-    "rollout/level_outcome_rate": (
-        "diprl_level_outcome_rate",
-        "share of recent matches whose hero ended every fork with the same centres",
-    ),
+    "rollout/level_outcome_rate": ("diprl_level_outcome_rate", "share of recent matches the hero ended level"),
     "queue/depth": ("diprl_queue_depth", "groups waiting for the learner"),
     "eval/hero_mean_sc": ("diprl_eval_hero_mean_sc", "evaluation: hero mean centres"),
     "eval/hero_solo_rate": ("diprl_eval_hero_solo_rate", "evaluation: hero solo rate"),
