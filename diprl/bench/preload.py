@@ -86,10 +86,9 @@ def _child(requests: int) -> int:
     from diprl.policy.models import build_model
 
     build_model("tiny")
-    config = ServerConfig(
-        model="tiny", adapter_root=tempfile.mkdtemp(prefix="diprl-bench-preload-"), log_level="WARNING"
-    )
-    rate, _ = bare_engine(config, _requests(requests, ["base"]), rounds=2)
+    with tempfile.TemporaryDirectory(prefix="diprl-bench-preload-") as adapters:  # base only: stays empty
+        config = ServerConfig(model="tiny", adapter_root=adapters, log_level="WARNING")
+        rate, _ = bare_engine(config, _requests(requests, ["base"]), rounds=2)
     print(f"tokens_per_s={rate:.3f}", flush=True)
     return 0
 
