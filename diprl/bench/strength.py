@@ -26,7 +26,7 @@ from typing import Any
 
 from diprl.eval.config import EvaluateConfig
 from diprl.eval.stats import interval_text, paired_gain, summary_text
-from diprl.eval.suite import SuiteConfig
+from diprl.eval.suite import SuiteConfig, centres_at_year
 
 SEED = 12345
 """The training runs' evaluation seed (`evaluation.seed`): the first 112 games are the learning bench's."""
@@ -69,8 +69,7 @@ def gap_by_year(hero: dict[str, Any], teacher: dict[str, Any]) -> dict[str, dict
             raise ValueError(f"the suites' games are not paired: {mine['index']} and {theirs['index']} differ")
 
     def at(game: dict[str, Any], i: int) -> int:
-        counts = game["hero_centres_by_year"]
-        return counts[min(i, len(counts) - 1)]  # a finished game carries its final count forward
+        return centres_at_year(game["hero_centres_by_year"], i)
 
     return {
         str(year): paired_gain([at(t, i) for _, t in pairs], [at(m, i) for m, _ in pairs])

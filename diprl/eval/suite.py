@@ -391,15 +391,18 @@ def _behaviour_summary(games: Sequence[PlayedGame], critical: bool) -> dict[str,
     }
 
 
+def centres_at_year(counts: Sequence[int], i: int) -> int:
+    """A game's hero centres at the start of its `i`-th year (`hero_centres_by_year`); a game that ended
+    earlier carries its final count forward."""
+    return counts[min(i, len(counts) - 1)]
+
+
 def _centres_by_year(games: Sequence[PlayedGame]) -> dict[str, Any]:
     """Mean hero centres at the start of each year; a finished game carries its final count forward."""
     first = 1901
     last = max(g.final_year for g in games) + 1
     years = list(range(first, last + 1))
-    rows = []
-    for g in games:
-        counts = g.hero_centres_by_year
-        rows.append([counts[min(i, len(counts) - 1)] for i in range(len(years))])
+    rows = [[centres_at_year(g.hero_centres_by_year, i) for i in range(len(years))] for g in games]
     return {"years": years, "mean": [sum(r[i] for r in rows) / len(rows) for i in range(len(years))]}
 
 

@@ -132,8 +132,8 @@ class GroupLedger:
         self.queues: dict[str, Queue] | Queue = (
             {p: _queue(q) for p, q in queues.items()} if isinstance(queues, Mapping) else _queue(queues)
         )
-        self.seats: dict[tuple[str, str], str] = {}  # (match, power) -> the id accepted for it
-        self.by_match: dict[str, set[str]] = {}  # match -> the ids accepted for its seats
+        self.accepted: dict[str, dict[str, str]] = {}  # match -> power -> the id accepted for that seat
+        self.accepted_count = 0
         self.in_flight: set[tuple[str, str]] = set()
         self.duplicates = 0
         self.unroutable = 0
@@ -161,7 +161,7 @@ class GroupLedger:
         """
         gid = group.group_id
         seat = group_seat(gid)
-        if seat in self.seats or seat in self.in_flight:
+        if seat[1] in self.accepted.get(seat[0], {}) or seat in self.in_flight:
             self.duplicates += 1
             return False
         queue = self._queue_for(group)
@@ -196,13 +196,14 @@ class GroupLedger:
         """
         while any(seat[0] == match_id for seat in self.in_flight):
             await asyncio.sleep(SETTLE_POLL_S)
-        return sorted(self.by_match.get(match_id, ()))
+        return sorted(self.accepted.get(match_id, {}).values())
 
     def _remember(self, gid: str) -> None:
         seat = group_seat(gid)
-        if seat not in self.seats:
-            self.seats[seat] = gid
-            self.by_match.setdefault(seat[0], set()).add(gid)
+        powers = self.accepted.setdefault(seat[0], {})
+        if seat[1] not in powers:
+            powers[seat[1]] = gid
+            self.accepted_count += 1
 
     def _accept(self, gid: str) -> None:
         self._remember(gid)
@@ -218,7 +219,7 @@ class GroupLedger:
 
     def stats(self) -> dict[str, int]:
         return {
-            "accepted": len(self.seats),
+            "accepted": self.accepted_count,
             "duplicates": self.duplicates,
             "unroutable": self.unroutable,
             "refused": self.refused,
