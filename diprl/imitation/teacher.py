@@ -113,16 +113,29 @@ class TeacherExample:
         """The game state this decision was taken in: every power's decision of one phase of one game shares it."""
         return self.game, self.phase
 
-    def to_training_record(self) -> TrainingRecord:
+    def token_weights(self, table: TokenTable, support_weight: float) -> list[float]:
+        """One loss weight per completion token: `support_weight` on every token of a support's line (its
+        newline included), 1 elsewhere (other orders, the close tag, EOS). A token is counted in the line it
+        starts in; `orders` are in completion order, one line each."""
+        is_support = [parse_order(order).kind == SUPPORT for order in self.orders]
+        weights, line = [], 0
+        for token_id in self.completion_ids:
+            text = table.text(token_id) or ""
+            weights.append(support_weight if line < len(is_support) and is_support[line] else 1.0)
+            line += text.count("\n")
+        return weights
+
+    def to_training_record(self, weights: Sequence[float] | None = None) -> TrainingRecord:
         """The teacher is deterministic as far as the learner knows: logprobs 0 and advantage 1 per token
-        (behaviour cloning ignores both; GRPO code would see well-formed data)."""
+        (behaviour cloning ignores both; GRPO code would see well-formed data). `weights` (one per
+        completion token, `token_weights`) ride in the advantages for a weighted pretraining loss."""
         n = len(self.completion_ids)
         return TrainingRecord(
             prompt_ids=list(self.prompt_ids),
             completion_ids=list(self.completion_ids),
             behaviour_logprobs=[0.0] * n,
             legal=self.legal,
-            advantages=[1.0] * n,
+            advantages=[1.0] * n if weights is None else [float(w) for w in weights],
             policy_version=PolicyRef.bot_ref(self.teacher),
             temperature=1.0,
             power=self.power,

@@ -199,11 +199,22 @@ def grpo_loss(
     return total / total_tokens, stats
 
 
-def nll_loss(logp: torch.Tensor, *, total_tokens: int) -> tuple[torch.Tensor, LossStats]:
-    """Behaviour cloning: this micro-batch's share of the step's masked NLL (token mean over the step)."""
+def nll_loss(
+    logp: torch.Tensor, *, total_tokens: int, weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, LossStats]:
+    """Behaviour cloning: this micro-batch's share of the step's masked NLL (token mean over the step).
+
+    `weights` (one per token, >= 0) scale each token's term; the mean still divides by `total_tokens`, so
+    weights of 1 are the plain NLL and a weight of 3 counts a token as three. Under a weighted NLL the
+    optimum at a branching token is the teacher's distribution tilted by the weights (q(x) is proportional
+    to w(x) p(x)): weighting the tokens of the teacher's supports makes a greedy student choose supports
+    where the teacher supports often enough, not only where a support is its single likeliest order.
+    """
     if total_tokens <= 0:
         raise ValueError(f"total_tokens must be positive, got {total_tokens}")
-    nll = -logp.sum()
+    if weights is not None and (weights.shape != logp.shape or bool((weights < 0).any())):
+        raise ValueError(f"weights must be non-negative, one per token: {tuple(weights.shape)} for {tuple(logp.shape)}")
+    nll = -(logp * weights).sum() if weights is not None else -logp.sum()
     stats = LossStats(tokens=logp.numel())
     stats.add_sum("loss_nll", nll.detach())
     with torch.no_grad():

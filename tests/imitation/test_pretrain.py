@@ -32,6 +32,8 @@ def test_bad_values_are_clear_errors() -> None:
         load_pretrain_config(["epochs=0"])
     with pytest.raises(ConfigError, match="lr must be positive"):
         load_pretrain_config(["lr=-1e-3"])
+    with pytest.raises(ConfigError, match="support_weight must be positive"):
+        load_pretrain_config(["support_weight=0"])
     with pytest.raises(ConfigError, match="Key 'lrr' not in 'PretrainConfig'"):
         load_pretrain_config(["lrr=1"])
 

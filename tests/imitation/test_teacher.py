@@ -117,6 +117,21 @@ def test_examples_become_typed_training_records(data: Any) -> None:
     assert (record.power, record.phase, record.legal) == (example.power, example.phase, example.legal)
 
 
+def test_support_weights_cover_exactly_the_tokens_of_the_teachers_support_lines(
+    data: Any, tok: tuple[Any, TokenTable]
+) -> None:
+    tokenizer, table = tok
+    example = next(e for e in data.train if any(" S " in o for o in e.orders) and any(" S " not in o for o in e.orders))
+    weights = example.token_weights(table, 4.0)
+    assert len(weights) == len(example.completion_ids)
+    # Re-spell the weighted tokens: they are the support lines, newlines included, and nothing else.
+    weighted = "".join(tokenizer.decode([t]) for t, w in zip(example.completion_ids, weights, strict=True) if w == 4.0)
+    assert weighted == "".join(f"{o}\n" for o in example.orders if " S " in o)
+    assert set(weights) == {1.0, 4.0} and weights[-1] == 1.0  # the close tag and EOS keep weight 1
+    assert example.to_training_record(weights).advantages == weights
+    assert set(example.token_weights(table, 1.0)) == {1.0}
+
+
 def test_against_other_bots_the_teacher_labels_every_seat_without_changing_the_game() -> None:
     """Game 3 against Random: the teacher plays TURKEY (3 mod 7), Random the rest. Every seat's decision
     carries a legal, complete DumbBot label, and the game itself is one DumbBot among six Randoms with

@@ -191,6 +191,18 @@ def test_nll_is_the_token_mean_negative_log_likelihood() -> None:
     assert stats.summary()["loss_nll"] == pytest.approx(2.0)
 
 
+def test_weighted_nll_counts_a_token_as_its_weight_and_keeps_the_token_mean() -> None:
+    logp = _t(-1.0, -3.0).requires_grad_()
+    loss, _ = nll_loss(logp, total_tokens=2, weights=_t(1.0, 3.0))
+    assert float(loss.detach()) == pytest.approx((1.0 + 9.0) / 2)
+    loss.backward()
+    assert logp.grad is not None and torch.allclose(logp.grad, _t(-0.5, -1.5))
+    with pytest.raises(ValueError, match="non-negative"):
+        nll_loss(logp, total_tokens=2, weights=_t(1.0, -1.0))
+    with pytest.raises(ValueError, match="one per token"):
+        nll_loss(logp, total_tokens=2, weights=_t(1.0))
+
+
 def test_bad_inputs_are_refused() -> None:
     x = _t(0.0, 0.0)
     with pytest.raises(ValueError, match="one value per token"):
