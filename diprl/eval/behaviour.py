@@ -42,10 +42,7 @@ class BehaviourCounts:
 
     movement_phases: int = 0
     orders: int = 0
-    holds: int = 0
-    moves: int = 0
-    supports: int = 0
-    convoys: int = 0
+    kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ORDER_KINDS.values(), 0))  # "hold": n, ...
     verdicts: dict[str, int] = field(default_factory=lambda: {v.value: 0 for v in SupportVerdict})
     start_centres: int = 0
     final_centres: int = 0
@@ -60,8 +57,7 @@ class BehaviourCounts:
         """The order-kind mix: each kind's share of the movement orders (None without any order)."""
         if not self.orders:
             return None
-        counted = {HOLD: self.holds, MOVE: self.moves, SUPPORT: self.supports, CONVOY: self.convoys}
-        return {ORDER_KINDS[k]: n / self.orders for k, n in counted.items()}
+        return {name: n / self.orders for name, n in self.kinds.items()}
 
     @property
     def centres_gained_per_year(self) -> float:
@@ -72,8 +68,15 @@ class BehaviourCounts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BehaviourCounts:
-        """Inverse of `to_dict` (the derived rate is dropped)."""
-        return cls(**{k: v for k, v in data.items() if k != "centres_gained_per_year"})
+        """Inverse of `to_dict` (the derived rate is dropped; counts written before `kinds` are read into it)."""
+        counts = {k: v for k, v in data.items() if k != "centres_gained_per_year" and k not in _KIND_FIELDS}
+        if "kinds" not in counts:
+            counts["kinds"] = {name: int(data.get(key, 0)) for key, name in _KIND_FIELDS.items()}
+        return cls(**counts)
+
+
+_KIND_FIELDS = {f"{name}s": name for name in ORDER_KINDS.values()}
+"""The per-kind fields `BehaviourCounts` had before `kinds` (`holds`, `moves`, ...), as older results hold them."""
 
 
 def _owner_by_province(units: Mapping[str, Sequence[str]]) -> dict[str, str]:
@@ -131,11 +134,10 @@ class BehaviourTracker:
         counts = self.counts
         counts.movement_phases += 1
         counts.orders += len(hero_orders)
-        counts.holds += sum(o.kind == HOLD for o in hero_orders)
-        counts.moves += sum(o.kind == MOVE for o in hero_orders)
-        counts.convoys += sum(o.kind == CONVOY for o in hero_orders)
+        for order in hero_orders:
+            if order.kind in ORDER_KINDS:
+                counts.kinds[ORDER_KINDS[order.kind]] += 1
         supports = [o for o in hero_orders if o.kind == SUPPORT]
-        counts.supports += len(supports)
         if supports:
             self._classify(record, supports)
         if supporters:

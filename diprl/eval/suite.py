@@ -373,15 +373,15 @@ def run_suite(config: SuiteConfig, client: PolicyClient | None = None, progress:
 def _behaviour_summary(games: Sequence[PlayedGame], critical: bool) -> dict[str, Any]:
     counts = [BehaviourCounts.from_dict(g.behaviour) for g in games]
     total = merge(counts)
-    verdicts = total.verdicts
+    verdicts, supports = total.verdicts, total.kinds["support"]
     return {
         "movement_phases": total.movement_phases,
         "orders": total.orders,
-        "hold_rate": rate_summary(total.holds, total.orders),
+        "hold_rate": rate_summary(total.kinds["hold"], total.orders),
         "order_kinds": total.kind_shares(),
-        "support_rate": rate_summary(total.supports, total.orders),
-        "void_support_rate": rate_summary(verdicts["void"], total.supports),
-        "critical_support_rate": rate_summary(verdicts["critical"], total.supports) if critical else None,
+        "support_rate": rate_summary(supports, total.orders),
+        "void_support_rate": rate_summary(verdicts["void"], supports),
+        "critical_support_rate": rate_summary(verdicts["critical"], supports) if critical else None,
         "support_verdicts": dict(verdicts),
         "centres_gained_per_year": mean_summary([c.centres_gained_per_year for c in counts]),
         "attacks_on_recent_supporter": rate_summary(total.supporter_attacks, total.supporter_opportunities)

@@ -27,7 +27,7 @@ def test_a_support_that_decides_a_bounce_is_critical() -> None:
         "FRANCE",
         {"FRANCE": ["A MAR - BUR", "A PAR S A MAR - BUR"], "GERMANY": ["A MUN - BUR"]},
     )
-    assert (counts.orders, counts.supports, counts.movement_phases) == (2, 1, 1)
+    assert (counts.orders, counts.kinds["support"], counts.movement_phases) == (2, 1, 1)
     assert counts.verdicts["critical"] == 1 and sum(counts.verdicts.values()) == 1
 
 
@@ -43,7 +43,7 @@ def test_a_support_nobody_needed_is_redundant() -> None:
 def test_a_support_for_a_move_not_made_is_void() -> None:
     game = paris_marseilles_vs_munich()
     counts = track(game, "FRANCE", {"FRANCE": ["A MAR H", "A PAR S A MAR - BUR"], "GERMANY": ["A MUN H"]})
-    assert counts.verdicts["void"] == 1 and counts.supports == 1
+    assert counts.verdicts["void"] == 1 and counts.kinds["support"] == 1
     # Without re-adjudication void is still read off the engine's results; critical cannot be known.
     cheap = track(
         paris_marseilles_vs_munich(),
@@ -58,9 +58,9 @@ def test_the_order_kind_mix_counts_each_kind_of_the_heros_movement_orders() -> N
     game = position({"FRANCE": ["A PAR", "A MAR", "A BUR", "F ENG"], "GERMANY": ["A MUN"]})
     orders = ["A MAR H", "A PAR S A BUR - PIC", "A BUR - PIC", "F ENG H"]
     counts = track(game, "FRANCE", {"FRANCE": orders, "GERMANY": ["A MUN H"]}, critical=False)
-    assert (counts.holds, counts.moves, counts.supports, counts.convoys) == (2, 1, 1, 0)
+    assert counts.kinds == {"hold": 2, "move": 1, "support": 1, "convoy": 0}
     assert counts.kind_shares() == {"hold": 0.5, "move": 0.25, "support": 0.25, "convoy": 0.0}
-    assert merge([counts, counts]).holds == 4 and BehaviourCounts().kind_shares() is None
+    assert merge([counts, counts]).kinds["hold"] == 4 and BehaviourCounts().kind_shares() is None
 
 
 def burgundy() -> DiplomacyGame:
@@ -126,8 +126,12 @@ def test_waived_builds_are_counted_against_build_slots() -> None:
 
 
 def test_merge_adds_counts() -> None:
-    a = BehaviourCounts(orders=4, supports=2, start_centres=3, final_centres=5, years=2)
+    a = BehaviourCounts(orders=4, start_centres=3, final_centres=5, years=2)
+    a.kinds.update(hold=1, move=1, support=2)
     a.verdicts["void"] = 1
     total = merge([a, a])
-    assert (total.orders, total.supports, total.verdicts["void"], total.years) == (8, 4, 2, 4)
+    assert (total.orders, total.kinds["support"], total.verdicts["void"], total.years) == (8, 4, 2, 4)
     assert BehaviourCounts.from_dict(a.to_dict()) == a
+    # Counts written before `kinds` (one field per kind) read back into it.
+    legacy = {k: v for k, v in a.to_dict().items() if k != "kinds"} | {"holds": 1, "moves": 1, "supports": 2}
+    assert BehaviourCounts.from_dict(legacy) == a
