@@ -36,7 +36,7 @@ from diprl.console import add_console_flags, bar_enabled, progress_bar, quiet_li
 from diprl.messages import GenerationRequest
 
 
-def _requests(n: int, policies: Sequence[str]) -> list[GenerationRequest]:
+def order_requests(n: int, policies: Sequence[str]) -> list[GenerationRequest]:
     from diprl.policy.prompt import build_prompt
 
     states = mid_game_states(n)
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     candidates = vocab.tiny_pair() + (vocab.body_candidates() if args.bodies else [])
     print(f"vocabulary: {len(candidates)} models, 64 constrained mid-game order requests, bare vLLM CPU engine")
     rates = vocab.compare(
-        candidates, _requests(64, ["base"]), on_row=lambda c, r: print(vocab.row_text(c, r), flush=True)
+        candidates, order_requests(64, ["base"]), on_row=lambda c, r: print(vocab.row_text(c, r), flush=True)
     )
     print(vocab.report(candidates, rates) + "\n")
     if args.vocab_only:
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         replica_cpus=float(threads),
         log_level="INFO" if args.verbose else "WARNING",
     )
-    base_requests = _requests(args.requests, ["base"])
+    base_requests = order_requests(args.requests, ["base"])
     print(f"inference benchmark: {args.requests} constrained mid-game order requests, tiny Qwen3, vLLM CPU")
 
     # A bar over the stages; every result is printed after it closes.

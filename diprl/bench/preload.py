@@ -81,14 +81,14 @@ def compare(rounds: int, measure: Callable[[bool], float], on_round: Callable[[i
 
 
 def _child(requests: int) -> int:
-    from diprl.bench.inference import _requests, bare_engine
+    from diprl.bench.inference import bare_engine, order_requests
     from diprl.inference.config import ServerConfig
     from diprl.policy.models import build_model
 
     build_model("tiny")
     with tempfile.TemporaryDirectory(prefix="diprl-bench-preload-") as adapters:  # base only: stays empty
         config = ServerConfig(model="tiny", adapter_root=adapters, log_level="WARNING")
-        rate, _ = bare_engine(config, _requests(requests, ["base"]), rounds=2)
+        rate, _ = bare_engine(config, order_requests(requests, ["base"]), rounds=2)
     print(f"tokens_per_s={rate:.3f}", flush=True)
     return 0
 
