@@ -93,9 +93,11 @@ def unmeasured_hero(report: dict[str, Any]) -> str | None:
     that of holding."""
     llm = report["llm"]
     if llm["hero_requests"] and llm["hero_errors"] == llm["hero_requests"]:
+        first = report.get("hero_first_error")
         return (
             f"all {llm['hero_requests']} of the hero's LLM requests failed: its units held all game, so "
-            "hero_mean_sc measures holding, not the policy (the PolicyServer's log says why)"
+            "hero_mean_sc measures holding, not the policy; "
+            + (f"the first failure said: {first}" if first else "the PolicyServer's log says why")
         )
     return None
 

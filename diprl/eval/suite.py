@@ -150,7 +150,11 @@ class PlayedGame(HeroGame):
     issues: dict[str, int]
     behaviour: dict[str, Any]
     llm: dict[str, int]  # requests, errors, incomplete: over the hero's seat ("hero_*") and all seats
+    hero_first_error: str | None = None  # the PolicyServer's error for the hero's first failed request
 
+
+FIRST_ERROR_CHARS = 500
+"""How much of a failed request's error a game keeps (the first of the hero's; the server's log has all)."""
 
 LLM_COUNTS = ("requests", "errors", "incomplete", "hero_requests", "hero_errors", "hero_incomplete")
 """What a game (and a suite, summed) counts of its LLM answers: all seats, and the hero's seat alone."""
@@ -177,12 +181,15 @@ class _Measure:
         self.llm: Counter[str] = Counter()
         self.by_year: list[int] = []
         self.phases = 0
+        self.hero_first_error: str | None = None
 
     def observe(self, outcome: PhaseOutcome) -> None:
         for power, turn in outcome.turns.items():
             keys = ("requests", "hero_requests") if power == self.spec.hero else ("requests",)
             bad = turn.answer.error is not None
             incomplete = not bad and not turn.answer.complete
+            if bad and power == self.spec.hero and self.hero_first_error is None:
+                self.hero_first_error = str(turn.answer.error)[:FIRST_ERROR_CHARS]
             for key in keys:
                 prefix = key[: -len("requests")]
                 self.llm[key] += 1
@@ -211,6 +218,7 @@ class _Measure:
             issues=dict(record.issues),
             behaviour=behaviour.to_dict(),
             llm={k: self.llm[k] for k in LLM_COUNTS},
+            hero_first_error=self.hero_first_error,
         )
 
 
@@ -449,6 +457,7 @@ def summarize_suite(config: SuiteConfig, games: Sequence[PlayedGame], wall_secon
             "hero": sum(g.issues[g.hero_power] for g in games),
         },
         "llm": {k: sum(g.llm[k] for g in games) for k in LLM_COUNTS},
+        "hero_first_error": next((g.hero_first_error for g in games if g.hero_first_error), None),
         "any_solo": rate_summary(sum(g.solo_winner is not None for g in games), n),
         "mean_phases": sum(g.phases for g in games) / n,
         "mean_final_year": sum(g.final_year for g in games) / n,

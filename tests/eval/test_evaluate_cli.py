@@ -72,6 +72,9 @@ def test_a_hero_whose_every_request_failed_keeps_its_report_and_exits_1(
     captured = capsys.readouterr()
     assert LAST_LINE.match(captured.out.splitlines()[-1])  # the score is printed, and flagged
     assert f"all {client.requests} of the hero's LLM requests failed" in captured.err
+    # The server's own reason reaches the console and the report, not only its log.
+    assert "the first failure said: replica died" in captured.err
+    assert report["hero_first_error"] == "replica died" and report["per_game"][0]["hero_first_error"] == "replica died"
 
 
 @pytest.mark.parametrize(
