@@ -133,7 +133,6 @@ class GroupLedger:
             {p: _queue(q) for p, q in queues.items()} if isinstance(queues, Mapping) else _queue(queues)
         )
         self.accepted: dict[str, dict[str, str]] = {}  # match -> power -> the id accepted for that seat
-        self.accepted_count = 0
         self.in_flight: set[tuple[str, str]] = set()
         self.duplicates = 0
         self.unroutable = 0
@@ -160,8 +159,8 @@ class GroupLedger:
         False at once, without putting, once the ledger is closed.
         """
         gid = group.group_id
-        seat = group_seat(gid)
-        if seat[1] in self.accepted.get(seat[0], {}) or seat in self.in_flight:
+        seat = match, power = group_seat(gid)
+        if power in self.accepted.get(match, {}) or seat in self.in_flight:
             self.duplicates += 1
             return False
         queue = self._queue_for(group)
@@ -199,11 +198,8 @@ class GroupLedger:
         return sorted(self.accepted.get(match_id, {}).values())
 
     def _remember(self, gid: str) -> None:
-        seat = group_seat(gid)
-        powers = self.accepted.setdefault(seat[0], {})
-        if seat[1] not in powers:
-            powers[seat[1]] = gid
-            self.accepted_count += 1
+        match, power = group_seat(gid)
+        self.accepted.setdefault(match, {}).setdefault(power, gid)
 
     def _accept(self, gid: str) -> None:
         self._remember(gid)
@@ -219,7 +215,7 @@ class GroupLedger:
 
     def stats(self) -> dict[str, int]:
         return {
-            "accepted": self.accepted_count,
+            "accepted": sum(len(powers) for powers in self.accepted.values()),
             "duplicates": self.duplicates,
             "unroutable": self.unroutable,
             "refused": self.refused,

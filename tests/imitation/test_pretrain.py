@@ -109,6 +109,25 @@ def test_pretraining_trains_every_weight_and_the_preset_serves_what_it_wrote(tmp
     assert len(lines) == report["steps"]
 
 
+def test_support_weight_reaches_the_loss_of_the_first_step(tmp_path: Path) -> None:
+    """The same data, start and batches with and without weighting: before any update the weighted loss
+    counts every support token three times, so it is larger (equal only if the weights never reached it)."""
+    conf = _conf_with_body(tmp_path, tmp_path / "body")
+    first_loss = {}
+    for weight in (1.0, 3.0):
+        out = tmp_path / f"run-{weight}"
+        config = load_pretrain_config(
+            [
+                "data.games=3", "data.heldout_games=1", "data.max_year=1902", "data.heldout_examples=4",
+                "data.workers=1", "epochs=0.1", "batch_size=32", "warmup_steps=0", "threads=1",
+                f"support_weight={weight}", f"out={out}", "quiet=true",
+            ]
+        )  # fmt: skip
+        run(config, cache=tmp_path / "cache", conf_dir=conf)
+        first_loss[weight] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert first_loss[3.0] > first_loss[1.0] * 1.01
+
+
 def test_a_body_that_does_not_fit_its_spec_is_refused(tmp_path: Path) -> None:
     body = tmp_path / "body"
     body.mkdir()
