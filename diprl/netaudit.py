@@ -161,8 +161,15 @@ def _program_of(pid: int, program: dict[int, str], parent: dict[int, int]) -> st
     return program.get(pid, "?")
 
 
-def audit(command: Sequence[str], trace_file: Path, cwd: Path | None = None, timeout_s: float | None = None) -> int:
-    """Run `command` in a loopback-only namespace under strace; return its exit code (trace in `trace_file`)."""
+def audit(
+    command: Sequence[str],
+    trace_file: Path,
+    cwd: Path | None = None,
+    timeout_s: float | None = None,
+    output: Path | None = None,
+) -> int:
+    """Run `command` in a loopback-only namespace under strace; return its exit code (trace in `trace_file`).
+    `output`: a file for the command's stdout and stderr together (by default they go where this process's do)."""
     if missing := missing_tools():
         raise RuntimeError(f"the network audit needs {', '.join(missing)}")
     inner = (
@@ -172,7 +179,12 @@ def audit(command: Sequence[str], trace_file: Path, cwd: Path | None = None, tim
     )
     # -p -f --mount-proc: a process table of its own, so nothing the command leaves behind outlives it.
     wrapped = ["unshare", "-n", "-p", "-f", "--mount-proc", "sh", "-c", inner]
-    return subprocess.run(wrapped, cwd=cwd, timeout=timeout_s, check=False).returncode
+    if output is None:
+        return subprocess.run(wrapped, cwd=cwd, timeout=timeout_s, check=False).returncode
+    with open(output, "w") as sink:
+        return subprocess.run(
+            wrapped, cwd=cwd, timeout=timeout_s, check=False, stdout=sink, stderr=subprocess.STDOUT
+        ).returncode
 
 
 def default_command(run_dir: Path) -> list[str]:

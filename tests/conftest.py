@@ -7,6 +7,11 @@ every test that needs Ray starts it through `diprl.raysession`, which pins loopb
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +26,8 @@ from diprl.raysession import prepare_environment  # noqa: E402  (after the offli
 
 prepare_environment()  # before any test module imports Ray or vLLM
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _built_models() -> None:
@@ -29,3 +36,37 @@ def _built_models() -> None:
     from diprl.policy.models import build_model
 
     build_model("tiny")
+
+
+@dataclass(frozen=True)
+class SmokeSweep:
+    """What `smoke_sweep` ran: the sweep's directory, its exit code and output, and the connection attempts
+    off loopback the network audit saw (None: not traced, the audit's tools are missing here)."""
+
+    sweep_dir: Path
+    exit_code: int
+    output: str
+    attempts: list[Any] | None
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory: pytest.TempPathFactory) -> SmokeSweep:
+    """One sweep of the smoke experiment, run once for two test files: two points, one trained for real (the whole
+    system: Ray head and dashboard, web app, PolicyServer, rollouts, learner, league, evaluator) and one refused by
+    the config check (`learner.lr=-1`, exit status 2 before anything starts). Where the network audit's tools are
+    (CI), it runs under the audit (`diprl.netaudit`): tests/test_loopback.py reads its trace, tests/test_sweep.py
+    its points. A whole-system run costs a Ray, a PolicyServer and a learner start; this is one instead of two."""
+    from diprl import netaudit
+
+    work = tmp_path_factory.mktemp("smoke-sweep")
+    sweep_dir, output = work / "sweep", work / "output.log"
+    command = [sys.executable, "-m", "diprl.train", "-m", "+experiment=smoke", "learner.lr=1e-3,-1"]
+    command += ["train.max_steps=1", "train.max_minutes=6", "inference.port=0", f"train.run_dir={sweep_dir}"]
+    if netaudit.missing_tools():  # not traced: on this machine's network, so no fixed ports and no extra servers
+        command += ["train.wandb=false", "train.web_port=null", "train.dashboard=false"]
+        with open(output, "w") as sink:
+            run = subprocess.run(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=1500, check=False)
+        return SmokeSweep(sweep_dir, run.returncode, output.read_text(), None)
+    trace = work / "connect.trace"
+    code = netaudit.audit(command, trace, cwd=REPO, timeout_s=1500, output=output)
+    return SmokeSweep(sweep_dir, code, output.read_text(), netaudit.parse_trace(trace.read_text()))

@@ -13,11 +13,15 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from diprl import netaudit
 from diprl.netaudit import Attempt, parse_trace, unix_sockets
+
+if TYPE_CHECKING:
+    from tests.conftest import SmokeSweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,13 +206,17 @@ def test_a_local_head_binds_loopback_even_when_the_environment_asks_for_the_netw
 
 
 @pytest.mark.slow
-def test_the_smoke_experiment_tries_nothing_but_loopback(tmp_path: Path) -> None:
-    """The whole system (Ray head and dashboard, PolicyServer, rollouts, learner, league, evaluator)."""
+def test_the_smoke_experiment_tries_nothing_but_loopback(request: pytest.FixtureRequest) -> None:
+    """The whole system (Ray head and dashboard, web app, PolicyServer, rollouts, learner, league, evaluator),
+    run as the trained point of tests/conftest.py's `smoke_sweep` (tests/test_sweep.py reads its points)."""
     _need_audit_tools()
-    run_dir = tmp_path / "run"
-    attempts = _audit(netaudit.default_command(run_dir), tmp_path, timeout_s=900)
-    assert attempts == [], "\n".join(map(str, attempts))
-    assert (run_dir / "metrics.jsonl").is_file() and any((run_dir / "adapters").rglob("*.safetensors"))
+    sweep: SmokeSweep = request.getfixturevalue("smoke_sweep")  # after the check: untraced, it proves nothing here
+    assert sweep.attempts is not None, "the sweep ran untraced"
+    assert sweep.attempts == [], "\n".join(map(str, sweep.attempts))
+    trained = sweep.sweep_dir / "0"
+    assert (trained / "metrics.jsonl").is_file() and any((trained / "adapters").rglob("*.safetensors")), sweep.output[
+        -3000:
+    ]
 
 
 def test_the_audit_command_line_reports_and_exits_nonzero_on_a_leak(tmp_path: Path) -> None:

@@ -4,14 +4,17 @@ and `python -m diprl.sweep <sweep_dir>` tabulates the points' final figures."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from diprl.sweep import expand, summarize, table
+
+if TYPE_CHECKING:
+    from tests.conftest import SmokeSweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,31 +88,16 @@ def test_the_summary_takes_each_points_last_figures(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sweep_gives_each_point_its_run_directory_runs_on_past_a_failed_point_and_sums_up(tmp_path: Path) -> None:
+def test_a_sweep_gives_each_point_its_run_directory_runs_on_past_a_failed_point_and_sums_up(
+    smoke_sweep: SmokeSweep,
+) -> None:
     """Two points, one trained for real and one refused by the config check (`learner.lr=-1`, exit status 2
     before anything starts): the sweep runs both, records each exit code, and exits with the failed one's; the
-    summary has a row for each. (One real run: each costs a Ray, a PolicyServer and a learner start.)"""
-    sweep_dir = tmp_path / "sweep"
-    command = [
-        sys.executable,
-        "-m",
-        "diprl.train",
-        "-m",
-        "+experiment=smoke",
-        "learner.lr=1e-3,-1",
-        "train.max_steps=1",
-        "train.max_minutes=6",
-        "train.wandb=false",
-        "train.web_port=null",
-        "train.dashboard=false",
-        "evaluation.at_start=false",
-        "evaluation.at_end=false",
-        "inference.port=0",
-        f"train.run_dir={sweep_dir}",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=ROOT, env=dict(os.environ))
-    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "lr must be positive" in done.stderr
+    summary has a row for each. (The sweep is tests/conftest.py's `smoke_sweep`, which the network audit's test
+    reads too: one real run for both.)"""
+    sweep_dir = smoke_sweep.sweep_dir
+    assert smoke_sweep.exit_code == 2, smoke_sweep.output[-6000:]
+    assert "lr must be positive" in smoke_sweep.output
     points = json.loads((sweep_dir / "sweep.json").read_text())["points"]
     assert [p["run_dir"] for p in points] == [str(sweep_dir / "0"), str(sweep_dir / "1")]
     assert [p["exit_code"] for p in points] == [0, 2]
