@@ -51,17 +51,23 @@ class SmokeSweep:
 
 @pytest.fixture(scope="session")
 def smoke_sweep(tmp_path_factory: pytest.TempPathFactory) -> SmokeSweep:
-    """One sweep of the smoke experiment, run once for two test files: two points, one trained for real (the whole
+    """One sweep of the smoke experiment, run once for three test files: two points, one trained for real (the whole
     system: Ray head and dashboard, web app, PolicyServer, rollouts, learner, league, evaluator) and one refused by
-    the config check (`learner.lr=-1`, exit status 2 before anything starts). Where the network audit's tools are
-    (CI), it runs under the audit (`diprl.netaudit`): tests/test_loopback.py reads its trace, tests/test_sweep.py
-    its points. A whole-system run costs a Ray, a PolicyServer and a learner start; this is one instead of two."""
+    the config check (`learner.lr=-1`, exit status 2 before anything starts). The trained point is also the
+    planted-collapse run: from step 2 on every evaluation of main reports no supports
+    (`train.plant_collapse_at_step`), and the league's rollback guard is on. Where the network audit's tools are
+    (CI), the sweep runs under the audit (`diprl.netaudit`). tests/test_loopback.py reads its trace,
+    tests/test_sweep.py its points, tests/test_rollback_run.py the trained point's rollbacks. A whole-system run
+    costs a Ray, a PolicyServer and a learner start: this is one where there were three."""
     from diprl import netaudit
 
     work = tmp_path_factory.mktemp("smoke-sweep")
     sweep_dir, output = work / "sweep", work / "output.log"
     command = [sys.executable, "-m", "diprl.train", "-m", "+experiment=smoke", "learner.lr=1e-3,-1"]
-    command += ["train.max_steps=1", "train.max_minutes=6", "inference.port=0", f"train.run_dir={sweep_dir}"]
+    command += ["train.max_steps=10", "train.max_minutes=8", "inference.port=0", f"train.run_dir={sweep_dir}"]
+    # The planted collapse (tests/test_rollback_run.py): evaluations every 2 steps, every version kept.
+    command += ["evaluation.every_steps=2", "train.plant_collapse_at_step=2", "league.health.rollback=true"]
+    command += ["learner.keep_versions=0"]
     if netaudit.missing_tools():  # not traced: on this machine's network, so no fixed ports and no extra servers
         command += ["train.wandb=false", "train.web_port=null", "train.dashboard=false"]
         with open(output, "w") as sink:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -34,6 +35,9 @@ from diprl.tracking import Tracker, read_metrics
 from tests.learn.groups import make_group, on_policy
 from tests.ray_stand_in import Actor as StandInActor
 from tests.ray_stand_in import Ref, Remote, use_stand_in_ray
+
+if TYPE_CHECKING:
+    from tests.conftest import SmokeSweep
 
 HEALTHY = {"support_rate": 0.1, "void_support_rate": 0.1, "bad_completion_rate": 0.0}
 COLLAPSED = {"support_rate": 0.0, "void_support_rate": 0.1, "bad_completion_rate": 0.0}  # the planted input
@@ -167,20 +171,16 @@ def test_a_planted_collapse_rolls_main_back_once_and_says_so(tmp_path: Path, mon
 
 
 @pytest.mark.slow
-def test_a_smoke_run_with_a_planted_collapse_rolls_main_back_and_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_smoke_run_with_a_planted_collapse_rolls_main_back_and_says_so(smoke_sweep: SmokeSweep) -> None:
     """The whole system (Ray, PolicyServer, evaluator, league, learner): from step 2 on every evaluation of main
     reports no supports (`train.plant_collapse_at_step`), the guard fires, the league decides a rollback to
-    the best version (main@v1, evaluated healthy at the start) and the learner carries it out in the run."""
+    the best version (main@v1, evaluated healthy at the start) and the learner carries it out in the run. The run
+    is the trained point of tests/conftest.py's `smoke_sweep` (10 steps, an evaluation every 2)."""
     from diprl.inference.adapters import AdapterStore
-    from diprl.train import main
 
-    run_dir = tmp_path / "run"
-    args = ["+experiment=smoke", "train.dashboard=false", "train.web_port=null", "train.wandb=false"]
-    args += ["inference.port=0", f"train.run_dir={run_dir}", "train.max_steps=10", "evaluation.every_steps=2"]
-    args += ["train.plant_collapse_at_step=2", "league.health.rollback=true", "learner.keep_versions=0"]  # keep all
-    assert main(args) == 0
+    run_dir = smoke_sweep.sweep_dir / "0"
+    [trained] = [p for p in json.loads((smoke_sweep.sweep_dir / "sweep.json").read_text())["points"] if p["index"] == 0]
+    assert trained["exit_code"] == 0, smoke_sweep.output[-6000:]
     records = read_metrics(run_dir / "metrics.jsonl")
     planted = {r["planted_collapse"]: r["step"] for r in records if r["kind"] == "fault" and "planted_collapse" in r}
     assert planted and min(planted.values()) >= 2, planted

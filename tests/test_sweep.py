@@ -104,11 +104,11 @@ def test_a_sweep_gives_each_point_its_run_directory_runs_on_past_a_failed_point_
     trained = Path(points[0]["run_dir"])
     assert "lr: 0.001" in (trained / "config.yaml").read_text()
     assert list((trained / "provenance").glob("*.json"))
-    assert (trained / "checkpoints" / "main" / "step-1").is_dir()
+    assert (trained / "checkpoints" / "main" / "step-10").is_dir()
     assert not Path(points[1]["run_dir"]).exists()  # refused before it took a directory
     summary = subprocess.run(
         [sys.executable, "-m", "diprl.sweep", str(sweep_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert summary.returncode == 0, summary.stderr
     rows = [line for line in summary.stdout.splitlines() if line.startswith("| learner.lr=")]
-    assert len(rows) == 2 and "| 1 |" in rows[0] and "| 2 |" in rows[1], summary.stdout
+    assert len(rows) == 2 and "| 10 |" in rows[0] and "| 2 |" in rows[1], summary.stdout  # steps; exit code
