@@ -170,9 +170,9 @@ def test_a_tiny_bench_trains_exploits_and_measures_every_final(
     """Seconds of training a run: pfsp's main for real, selfplay's final planted as six Hold bots that never
     move and league's as Territorial; pfsp's exploiter trained against its adapter frozen, selfplay's planted
     as Territorial and league's as DumbBot (two run starts fewer: each costs a Ray, a PolicyServer and a
-    learner); a 7-game crossplay and 14 games of each exploiter, to the end of 1901. An exploiter that moves
-    at all outranks the holding seats: selfplay's exploitability is above 0, and every figure of the last line
-    is the one the summary computed from the games."""
+    learner); a 7-game crossplay and 7 games of each exploiter (every power once), to the end of 1901. An
+    exploiter that moves at all outranks the holding seats: selfplay's exploitability is above 0, and every figure
+    of the last line is the one the summary computed from the games."""
     tiny = [
         "train.max_steps=1",
         "rollout.matches_in_flight=2",
@@ -184,7 +184,7 @@ def test_a_tiny_bench_trains_exploits_and_measures_every_final(
         "learner.groups_per_step=1",
     ]
     out = tmp_path / "bench"
-    argv = ["league-value", "--minutes", "5", "--games", "7", "--exploit-games", "14", "--max-year", "1901",
+    argv = ["league-value", "--minutes", "5", "--games", "7", "--exploit-games", "7", "--max-year", "1901",
             "--final", "selfplay=bot:hold", "--final", "league=bot:territorial",
             "--exploiter", "selfplay=bot:territorial", "--exploiter", "league=bot:dumbbot",
             "--out", str(out), *tiny]  # fmt: skip
@@ -198,11 +198,11 @@ def test_a_tiny_bench_trains_exploits_and_measures_every_final(
     assert summary["finals"] == {"selfplay": "bot:hold", "pfsp": "pfsp@v1", "league": "bot:territorial"}
     assert summary["train"]["pfsp"]["train_steps"] >= 1 and summary["train"]["selfplay"]["planted"] == "bot:hold"
     held = summary["exploit"]["selfplay"]
-    assert held["games"] == 14 and held["exploitability"] > 0.0 and held["lower_bound"] > 0.0
+    assert held["games"] == 7 and held["exploitability"] > 0.0 and held["lower_bound"] > 0.0
     planted = {"selfplay": "bot:territorial", "league": "bot:dumbbot"}
     for e, bot in planted.items():
         assert summary["exploit_runs"][e] == {"planted": bot, "final": bot}
-        assert summary["exploiters"][e] == bot and summary["exploit"][e]["games"] == 14
+        assert summary["exploiters"][e] == bot and summary["exploit"][e]["games"] == 7
         assert not (out / "exploit" / e).exists()  # planted: never trained
     assert summary["exploit_runs"]["pfsp"]["train_steps"] >= 1 and summary["exploiters"]["pfsp"] == "exploit-pfsp@v1"
     for e in EXPERIMENTS:
