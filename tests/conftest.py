@@ -11,9 +11,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from diprl.netaudit import Attempt
 
 for _name, _value in {
     "HF_HUB_OFFLINE": "1",
@@ -46,7 +49,7 @@ class SmokeSweep:
     sweep_dir: Path
     exit_code: int
     output: str
-    attempts: list[Any] | None
+    attempts: list[Attempt] | None
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +67,7 @@ def smoke_sweep(tmp_path_factory: pytest.TempPathFactory) -> SmokeSweep:
     work = tmp_path_factory.mktemp("smoke-sweep")
     sweep_dir, output = work / "sweep", work / "output.log"
     command = [sys.executable, "-m", "diprl.train", "-m", "+experiment=smoke", "learner.lr=1e-3,-1"]
-    command += ["train.max_steps=10", "train.max_minutes=8", "inference.port=0", f"train.run_dir={sweep_dir}"]
+    command += ["train.max_steps=10", "train.max_minutes=15", "inference.port=0", f"train.run_dir={sweep_dir}"]
     # The planted collapse (tests/test_rollback_run.py): evaluations every 2 steps, every version kept.
     command += ["evaluation.every_steps=2", "train.plant_collapse_at_step=2", "league.health.rollback=true"]
     command += ["learner.keep_versions=0"]
