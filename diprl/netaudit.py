@@ -24,6 +24,7 @@ connection stayed on this machine. Needs root (for the namespace), `unshare`, `i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -179,12 +180,9 @@ def audit(
     )
     # -p -f --mount-proc: a process table of its own, so nothing the command leaves behind outlives it.
     wrapped = ["unshare", "-n", "-p", "-f", "--mount-proc", "sh", "-c", inner]
-    if output is None:
-        return subprocess.run(wrapped, cwd=cwd, timeout=timeout_s, check=False).returncode
-    with open(output, "w") as sink:
-        return subprocess.run(
-            wrapped, cwd=cwd, timeout=timeout_s, check=False, stdout=sink, stderr=subprocess.STDOUT
-        ).returncode
+    with open(output, "w") if output is not None else contextlib.nullcontext() as sink:
+        merged = subprocess.STDOUT if sink is not None else None
+        return subprocess.run(wrapped, cwd=cwd, timeout=timeout_s, check=False, stdout=sink, stderr=merged).returncode
 
 
 def default_command(run_dir: Path) -> list[str]:

@@ -71,11 +71,12 @@ def smoke_sweep(tmp_path_factory: pytest.TempPathFactory) -> SmokeSweep:
     # The planted collapse (tests/test_rollback_run.py): evaluations every 2 steps, every version kept.
     command += ["evaluation.every_steps=2", "train.plant_collapse_at_step=2", "league.health.rollback=true"]
     command += ["learner.keep_versions=0"]
-    if netaudit.missing_tools():  # not traced: on this machine's network, so no fixed ports and no extra servers
+    trace = None if netaudit.missing_tools() else work / "connect.trace"
+    if trace is None:  # not traced: on this machine's network, so no fixed ports and no extra servers
         command += ["train.wandb=false", "train.web_port=null", "train.dashboard=false"]
         with open(output, "w") as sink:
-            run = subprocess.run(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=1500, check=False)
-        return SmokeSweep(sweep_dir, run.returncode, output.read_text(), None)
-    trace = work / "connect.trace"
-    code = netaudit.audit(command, trace, cwd=REPO, timeout_s=1500, output=output)
-    return SmokeSweep(sweep_dir, code, output.read_text(), netaudit.parse_trace(trace.read_text()))
+            code = subprocess.run(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=1500).returncode
+    else:
+        code = netaudit.audit(command, trace, cwd=REPO, timeout_s=1500, output=output)
+    attempts = None if trace is None else netaudit.parse_trace(trace.read_text())
+    return SmokeSweep(sweep_dir, code, output.read_text(), attempts)

@@ -179,8 +179,8 @@ def test_a_smoke_run_with_a_planted_collapse_rolls_main_back_and_says_so(smoke_s
     from diprl.inference.adapters import AdapterStore
 
     run_dir = smoke_sweep.sweep_dir / "0"
-    [trained] = [p for p in json.loads((smoke_sweep.sweep_dir / "sweep.json").read_text())["points"] if p["index"] == 0]
-    assert trained["exit_code"] == 0, smoke_sweep.output[-6000:]
+    trained = json.loads((smoke_sweep.sweep_dir / "sweep.json").read_text())["points"][0]
+    assert trained["run_dir"] == str(run_dir) and trained["exit_code"] == 0, smoke_sweep.output[-6000:]
     records = read_metrics(run_dir / "metrics.jsonl")
     planted = {r["planted_collapse"]: r["step"] for r in records if r["kind"] == "fault" and "planted_collapse" in r}
     assert planted and min(planted.values()) >= 2, planted
