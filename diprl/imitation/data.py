@@ -35,6 +35,7 @@ from diprl.imitation.teacher import (
     teacher_bot,
     tokenize,
 )
+from diprl.policy.prompt import PromptOptions
 from diprl.policy.vocab import TokenTable
 
 SPLITS = ("train", "heldout")
@@ -65,6 +66,9 @@ class TeacherConfig:
     max_prompt_tokens: int = 1536
     # The fixed order the teacher's lines are written in (`diprl.imitation.teacher.COMPLETION_ORDERS`).
     completion_order: str = "province"
+    # Prompts with the centres in reach (`diprl.policy.prompt.PromptOptions.reach_hints`): an experiment's
+    # option. A body trained on them must be served with them, and no runtime writes them yet.
+    reach_hints: bool = False
     shard_size: int = 4096  # examples per shard file
     workers: int = 0  # processes playing the games; 0: one per CPU core
 
@@ -149,7 +153,8 @@ def game_examples(index: int, split: str, config: TeacherConfig, tokenizer: Any,
     bot = teacher_bot(config.teacher)
     opponent = game_opponent(bot, [teacher_bot(o) for o in config.opponents], index)
     out = GameExamples([], [], 0)
-    for decision in play_teacher_game(bot, opponent, index, config.seed, config.max_year):
+    options = PromptOptions(reach_hints=config.reach_hints)
+    for decision in play_teacher_game(bot, opponent, index, config.seed, config.max_year, options):
         example = tokenize(
             decision, split, bot, opponent, tokenizer, table, config.max_prompt_tokens, config.completion_order
         )

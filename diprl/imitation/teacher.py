@@ -28,7 +28,7 @@ from diprl.game import DiplomacyGame, PhaseKind, PowerOrders, validate_orders
 from diprl.game.orders import CONVOY, HOLD, SUPPORT, WAIVE, parse_order
 from diprl.messages import PolicyRef, TrainingRecord, UnknownPolicyRef
 from diprl.policy.constraint import CLOSE_TAG, ConstraintViolation, OrderConstraint, contradicted_supports
-from diprl.policy.prompt import build_prompt
+from diprl.policy.prompt import DEFAULT_PROMPT_OPTIONS, PromptOptions, build_prompt
 from diprl.policy.vocab import TokenTable
 
 GAME_SEED_STRIDE = 100003
@@ -252,8 +252,16 @@ def game_opponent(teacher: str, opponents: Sequence[str], index: int) -> str:
     return opponents[index % len(opponents)] if opponents else teacher
 
 
-def play_teacher_game(teacher: str, opponent: str, index: int, seed: int, max_year: int) -> list[Decision]:
-    """Every decision of one game, each labelled with the teacher's orders (seeded per seat).
+def play_teacher_game(
+    teacher: str,
+    opponent: str,
+    index: int,
+    seed: int,
+    max_year: int,
+    prompt_options: PromptOptions = DEFAULT_PROMPT_OPTIONS,
+) -> list[Decision]:
+    """Every decision of one game, each labelled with the teacher's orders (seeded per seat), its prompt written
+    with `prompt_options`.
 
     Against itself the teacher plays all seven powers. Against another bot it plays one power (the
     game index, rotated over the seven) and labels the other seats with what it would have ordered
@@ -275,14 +283,22 @@ def play_teacher_game(teacher: str, opponent: str, index: int, seed: int, max_ye
         orders: dict[str, list[str]] = {}
         for power in game.orderable_powers():
             played = players[power] is labellers[power]
-            decision = label_decision(game, power, labellers[power], index, gseed, played)
+            decision = label_decision(game, power, labellers[power], index, gseed, played, prompt_options)
             decisions.append(decision)
             orders[power] = list(decision.orders) if played else list(players[power].orders(game, power))
         game.step(orders)
     return decisions
 
 
-def label_decision(game: DiplomacyGame, power: str, teacher: Agent, index: int, gseed: int, played: bool) -> Decision:
+def label_decision(
+    game: DiplomacyGame,
+    power: str,
+    teacher: Agent,
+    index: int,
+    gseed: int,
+    played: bool,
+    prompt_options: PromptOptions = DEFAULT_PROMPT_OPTIONS,
+) -> Decision:
     """What `teacher` orders for `power` in the game's current phase, as decision `index` of the game seeded
     `gseed` (`played`: whether these orders are the ones the game goes on with)."""
     legal = game.legal_orders(power)
@@ -292,7 +308,7 @@ def label_decision(game: DiplomacyGame, power: str, teacher: Agent, index: int, 
         power=power,
         phase=legal.phase,
         kind=legal.kind.value,
-        prompt=build_prompt(game, power).text,
+        prompt=build_prompt(game, power, prompt_options).text,
         legal=legal,
         orders=tuple(teacher.orders(game, power)),
         played=played,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from diprl.game.board_text import board_text, last_phase_text
 from diprl.game.game import DiplomacyGame
 from diprl.game.legal import PhaseKind, PowerOrders
+from diprl.game.mapgraph import map_graph
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -53,10 +54,15 @@ class NothingToOrderError(ValueError):
 @dataclass(frozen=True)
 class PromptOptions:
     """What goes into a prompt. `unit_hints` adds each unit's number of legal orders, which tells
-    the model how much choice it has without spending tokens on the lists themselves."""
+    the model how much choice it has without spending tokens on the lists themselves. `reach_hints`
+    adds, in movement phases, the supply centres within one move of the power's units and how many units
+    it and its strongest rival can bring to each (`reach_section`): the sums a supported attack turns on,
+    which a small body would otherwise have to work out from the board's unit lists and the map it
+    memorised. Off by default: every shipped policy was trained without them."""
 
     thinking: bool = False
     unit_hints: bool = True
+    reach_hints: bool = False
     include_last_phase: bool = True
     max_prompt_tokens: int = 1536
 
@@ -153,10 +159,42 @@ def power_section(legal: PowerOrders, unit_hints: bool = True) -> str:
     )
 
 
+def _brought(game: DiplomacyGame, power: str, province: str) -> int:
+    """How many of `power`'s units stand in `province` or can move into it this phase."""
+    graph = map_graph()
+    return sum(1 for unit in game.units(power) if unit[2:5] == province or province in graph.reachable_provinces(unit))
+
+
+def reach_section(game: DiplomacyGame, power: str) -> str:
+    """Every supply centre `power` can reach or must defend this move, with the units it and its strongest rival
+    can bring to it (a unit in the province or one move away): "BEL unowned: you 2, GERMANY 1". A centre is listed
+    when one of `power`'s units can bring itself there, or when it is `power`'s and a rival can. Empty outside
+    movement phases."""
+    if game.phase_type != "M":
+        return ""
+    owner = {centre: p for p in game.powers for centre in game.centres(p)}
+    rivals = [p for p in game.powers if p != power]
+    lines = []
+    for centre in sorted(map_graph().supply_centres):
+        mine = _brought(game, power, centre)
+        best, rival = max(((_brought(game, p, centre), p) for p in rivals), key=lambda t: (t[0], -rivals.index(t[1])))
+        if mine == 0 and not (owner.get(centre) == power and best > 0):
+            continue
+        held = "yours" if owner.get(centre) == power else owner.get(centre, "unowned")
+        lines.append(f"{centre} {held}: you {mine}, " + (f"{rival} {best}" if best else "no rival"))
+    if not lines:
+        return ""
+    return "\n".join(["Centres in reach (units you and the strongest rival can bring):", *lines])
+
+
 def build_prompt(game: DiplomacyGame, power: str, options: PromptOptions = DEFAULT_PROMPT_OPTIONS) -> Prompt:
     """The prompt asking `power` for its orders in the game's current phase."""
     legal = game.legal_orders(power)
     board = board_section(game, options.include_last_phase)
     power_part = power_section(legal, options.unit_hints)
+    reach = reach_section(game, legal.power) if options.reach_hints else ""
+    if reach:  # before the closing instruction, which stays the power part's last line
+        head, last = power_part.rsplit("\n", 1)
+        power_part = f"{head}\n{reach}\n{last}"
     text = f"{chat_prefix(RULES, board)}{power_part}{IM_END}\n{assistant_opening(options.thinking)}"
     return Prompt(text=text, rules=RULES, board=board, power_part=power_part, power=legal.power, phase=legal.phase)

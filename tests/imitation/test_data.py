@@ -14,7 +14,7 @@ from diprl.imitation.data import TeacherConfig, TeacherData, generate
 from diprl.imitation.strata import allocate, stratified_sample
 from diprl.imitation.teacher import PHASE_CLASSES, TeacherError, TeacherExample, completion_orders
 from diprl.policy.constraint import OrderConstraint
-from diprl.policy.prompt import build_prompt
+from diprl.policy.prompt import PromptOptions, build_prompt
 from diprl.policy.vocab import TokenTable
 
 
@@ -128,3 +128,18 @@ def test_bad_teacher_settings_are_clear_errors() -> None:
         TeacherConfig(class_weights={"movement": 1.0, "builds": 1.0})
     with pytest.raises(TeacherError, match="completion_order must be one of"):
         TeacherConfig(completion_order="alphabetical")
+
+
+def test_reach_hints_write_the_prompts_with_the_centres_in_reach_and_key_the_data_apart(
+    tok: tuple[Any, TokenTable],
+) -> None:
+    """`reach_hints=True`: every example's prompt is build_prompt's with the hints, and the data are cached apart."""
+    tokenizer, table = tok
+    plain = TeacherConfig(games=2, heldout_games=1, max_year=1901, workers=1)
+    hinted = TeacherConfig(**{**plain.__dict__, "reach_hints": True})
+    assert plain.content() != hinted.content()
+    data = generate(hinted, tokenizer, table)
+    first = data.train[0]
+    assert first.phase == "S1901M"
+    prompt = build_prompt(DiplomacyGame(), first.power, PromptOptions(reach_hints=True)).text
+    assert "Centres in reach" in prompt and first.prompt_ids == list(tokenizer.encode(prompt))

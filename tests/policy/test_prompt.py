@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 from functools import lru_cache
@@ -320,3 +321,54 @@ def test_hints_match_the_legal_lists_through_random_games() -> None:
                 assert line.split(" (")[0].split()[-1][:3] == loc
         random_step(game, rng)
     assert {PhaseKind.MOVEMENT, PhaseKind.BUILD} <= seen
+
+
+# ----------------------------------------------------------------------------------- reach hints
+def _brought_by_the_engine(game: DiplomacyGame, power: str, centre: str) -> int:
+    """Units of `power` in `centre` or with a legal move into it, read off the engine's own legal orders."""
+    legal = game.legal_orders(power)
+    count = 0
+    for loc, orders in legal.by_loc.items():
+        moves_in = any(o.split()[2:3] == ["-"] and o.split()[3][:3] == centre and not o.endswith("VIA") for o in orders)
+        count += loc[:3] == centre or moves_in
+    return count
+
+
+REACH_LINE = re.compile(r"([A-Z]{3}) (yours|unowned|[A-Z]+): you (\d+), (?:no rival|([A-Z]+) (\d+))")
+
+
+def test_reach_hints_count_each_sides_units_as_the_engines_legal_moves_do() -> None:
+    """Every centre line of every power's movement prompt in a random game, recounted from the legal orders:
+    the centres listed, their owners, the power's count and the strongest rival's."""
+    rng = random.Random(5)
+    game = DiplomacyGame(max_year=1905)
+    checked = 0
+    while not game.is_done:
+        for power in game.orderable_powers():
+            part = build_prompt(game, power, PromptOptions(reach_hints=True)).power_part
+            plain = build_prompt(game, power).power_part
+            if game.phase_type != "M":
+                assert part == plain
+                continue
+            head, _, rest = part.partition("Centres in reach (units you and the strongest rival can bring):\n")
+            *lines, last = rest.split("\n")
+            assert f"{head}{last}" == plain  # added before the closing line; nothing else moves
+            owner = {c: p for p in game.powers for c in game.centres(p)}
+            centres = [c.upper() for c in game.engine.map.scs]
+            counts = {c: {p: _brought_by_the_engine(game, p, c) for p in game.powers} for c in centres}
+            rivals = {c: max(n for p, n in by.items() if p != power) for c, by in counts.items()}
+            wanted = {c for c, by in counts.items() if by[power] or (owner.get(c) == power and rivals[c])}
+            parsed = [REACH_LINE.fullmatch(line) for line in lines]
+            assert all(parsed), lines
+            assert [m[1] for m in parsed if m] == sorted(wanted)
+            for m in filter(None, parsed):
+                centre = m[1]
+                assert m[2] == ("yours" if owner.get(centre) == power else owner.get(centre, "unowned"))
+                assert int(m[3]) == counts[centre][power]
+                if rivals[centre] == 0:
+                    assert m[4] is None
+                else:
+                    assert m[4] != power and int(m[5]) == counts[centre][m[4]] == rivals[centre]
+                checked += 1
+        random_step(game, rng)
+    assert checked > 100
