@@ -58,6 +58,9 @@ run: install train
 # The main job: league RL of the tiny Qwen3 on a local Ray cluster (about 10 minutes here).
 TRAIN_ARGS ?= +experiment=pfsp
 PYTEST_ARGS ?= -q
+# The suite runs on two pytest-xdist workers, a test file to a worker (tests/conftest.py groups them); the
+# whole-system runs start first. TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 train: install
 	@mkdir -p $(TMPDIR)
 	$(BIN)/python -m diprl.train $(TRAIN_ARGS)
@@ -72,7 +75,7 @@ ladder: install
 
 test: install
 	@mkdir -p $(TMPDIR)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check diprl tests

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -30,6 +30,58 @@ from diprl.raysession import prepare_environment  # noqa: E402  (after the offli
 prepare_environment()  # before any test module imports Ray or vLLM
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+SWEEP_READERS = ("tests/test_loopback.py", "tests/test_rollback_run.py", "tests/test_sweep.py")
+"""The test files that read `smoke_sweep`: one unit of work for pytest-xdist, so that the sweep runs once."""
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under pytest-xdist: its file, or the sweep's readers together."""
+    path = nodeid.split("::")[0]
+    return "smoke_sweep" if path in SWEEP_READERS else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """How the suite splits over pytest-xdist's workers (`make test` runs two). A test file is one unit of work, run
+    by one worker in file order, so its module fixtures (an engine, a Ray, a learner group) start once and its tests
+    see them in the order they were written for; the files that read `smoke_sweep` are one unit, so the sweep runs
+    once. Units go out in collection order (`--no-loadscope-reorder`), which puts the whole-system runs first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return FileUnits(config, log)
+
+
+LONGEST_FIRST = (
+    "tests/test_train.py",
+    "tests/bench/test_league_value.py",
+    "smoke_sweep",
+    "tests/test_ray_up.py",
+    "tests/test_multinode.py",
+)
+"""The units that took longest in the last full suite (4 to 6 minutes each), longest first. Only an order: a stale
+guess costs minutes of the suite, never a result."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own reordering, which keeps each module's fixtures together
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest units first, then the others that hold a `slow` test, then the rest, each file in its own order:
+    under xdist the longest work starts while the other worker takes the many short files."""
+    readers = {item.nodeid.split("::")[0] for item in items if "smoke_sweep" in getattr(item, "fixturenames", ())}
+    if readers - set(SWEEP_READERS):
+        raise pytest.UsageError(f"{sorted(readers - set(SWEEP_READERS))} read smoke_sweep: add them to SWEEP_READERS")
+    slow = {_unit(item.nodeid) for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        unit = _unit(item.nodeid)
+        return LONGEST_FIRST.index(unit) if unit in LONGEST_FIRST else len(LONGEST_FIRST) + (unit not in slow)
+
+    items.sort(key=rank)  # stable
 
 
 @pytest.fixture(scope="session", autouse=True)
