@@ -114,6 +114,8 @@ class TeacherConfig:
         out = asdict(self)
         for name in ("workers", "shard_size"):
             out.pop(name)
+        if not self.reach_hints:  # data made before the option existed keep their key
+            out.pop("reach_hints")
         out["teacher"] = teacher_bot(self.teacher)
         out["opponents"] = [teacher_bot(o) for o in self.opponents]
         return out
