@@ -36,10 +36,13 @@ SWEEP_READERS = ("tests/test_loopback.py", "tests/test_rollback_run.py", "tests/
 """The test files that read `smoke_sweep`: one unit of work for pytest-xdist, so that the sweep runs once."""
 
 
+def _file(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
 def _unit(nodeid: str) -> str:
     """The unit of work a test belongs to under pytest-xdist: its file, or the sweep's readers together."""
-    path = nodeid.split("::")[0]
-    return "smoke_sweep" if path in SWEEP_READERS else path
+    return "smoke_sweep" if _file(nodeid) in SWEEP_READERS else _file(nodeid)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -72,9 +75,10 @@ guess costs minutes of the suite, never a result."""
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest units first, then the others that hold a `slow` test, then the rest, each file in its own order:
     under xdist the longest work starts while the other worker takes the many short files."""
-    readers = {item.nodeid.split("::")[0] for item in items if "smoke_sweep" in getattr(item, "fixturenames", ())}
-    if readers - set(SWEEP_READERS):
-        raise pytest.UsageError(f"{sorted(readers - set(SWEEP_READERS))} read smoke_sweep: add them to SWEEP_READERS")
+    unlisted = {_file(item.nodeid) for item in items if "smoke_sweep" in getattr(item, "fixturenames", ())}
+    unlisted -= set(SWEEP_READERS)
+    if unlisted:
+        raise pytest.UsageError(f"{sorted(unlisted)} read smoke_sweep: add them to SWEEP_READERS")
     slow = {_unit(item.nodeid) for item in items if item.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> int:

@@ -14,6 +14,7 @@ reasons, closes `</think>`, and then writes `<orders>` itself.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from diprl.game.board_text import board_text, last_phase_text
@@ -146,23 +147,19 @@ def _listing(legal: PowerOrders, unit_hints: bool) -> str:
     return "\n".join(lines)
 
 
-def power_section(legal: PowerOrders, unit_hints: bool = True) -> str:
-    """Who the model plays, what the phase asks of it and the exact output format."""
+def power_section(legal: PowerOrders, unit_hints: bool = True, reach: str = "") -> str:
+    """Who the model plays, what the phase asks of it, the centres in reach (`reach_section`, when given) and the
+    exact output format."""
     n = legal.n_required
     return "\n".join(
         [
             f"You are {legal.power}.",
             _instruction(legal),
             _listing(legal, unit_hints),
+            *([reach] if reach else []),
             f"Write exactly {_plural(n, 'order')}, one per line, between {OPEN_TAG} and {CLOSE_TAG}.",
         ]
     )
-
-
-def _brought(game: DiplomacyGame, power: str, province: str) -> int:
-    """How many of `power`'s units stand in `province` or can move into it this phase."""
-    graph = map_graph()
-    return sum(1 for unit in game.units(power) if unit[2:5] == province or province in graph.reachable_provinces(unit))
 
 
 def reach_section(game: DiplomacyGame, power: str) -> str:
@@ -172,29 +169,30 @@ def reach_section(game: DiplomacyGame, power: str) -> str:
     movement phases."""
     if game.phase_type != "M":
         return ""
+    graph = map_graph()
+    brought = {  # power -> province -> units that stand there or can move there
+        p: Counter(province for unit in game.units(p) for province in {unit[2:5], *graph.reachable_provinces(unit)})
+        for p in game.powers
+    }
     owner = {centre: p for p in game.powers for centre in game.centres(p)}
     rivals = [p for p in game.powers if p != power]
     lines = []
-    for centre in sorted(map_graph().supply_centres):
-        mine = _brought(game, power, centre)
-        best, rival = max(((_brought(game, p, centre), p) for p in rivals), key=lambda t: (t[0], -rivals.index(t[1])))
+    for centre in sorted(graph.supply_centres):
+        mine = brought[power][centre]
+        rival = max(rivals, key=lambda p: brought[p][centre])  # the first of equals, in the powers' order
+        best = brought[rival][centre]
         if mine == 0 and not (owner.get(centre) == power and best > 0):
             continue
         held = "yours" if owner.get(centre) == power else owner.get(centre, "unowned")
         lines.append(f"{centre} {held}: you {mine}, " + (f"{rival} {best}" if best else "no rival"))
-    if not lines:
-        return ""
-    return "\n".join(["Centres in reach (units you and the strongest rival can bring):", *lines])
+    return "\n".join(["Centres in reach (units you and the strongest rival can bring):", *lines]) if lines else ""
 
 
 def build_prompt(game: DiplomacyGame, power: str, options: PromptOptions = DEFAULT_PROMPT_OPTIONS) -> Prompt:
     """The prompt asking `power` for its orders in the game's current phase."""
     legal = game.legal_orders(power)
     board = board_section(game, options.include_last_phase)
-    power_part = power_section(legal, options.unit_hints)
     reach = reach_section(game, legal.power) if options.reach_hints else ""
-    if reach:  # before the closing instruction, which stays the power part's last line
-        head, last = power_part.rsplit("\n", 1)
-        power_part = f"{head}\n{reach}\n{last}"
+    power_part = power_section(legal, options.unit_hints, reach)
     text = f"{chat_prefix(RULES, board)}{power_part}{IM_END}\n{assistant_opening(options.thinking)}"
     return Prompt(text=text, rules=RULES, board=board, power_part=power_part, power=legal.power, phase=legal.phase)
