@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "canary": "diprl.bench.canary",
     "league-value": "diprl.bench.league_value",
     "preload": "diprl.bench.preload",
+    "cpu-lora": "diprl.bench.cpu_lora",
 }
 
 

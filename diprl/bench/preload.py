@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from diprl.console import add_console_flags, bar_enabled, progress_bar
@@ -57,16 +57,26 @@ def child_rate(output: str) -> float:
     return float(rates[-1])
 
 
-def run_child(requests: int, preload: Sequence[str]) -> float:
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    if preload:
-        env["LD_PRELOAD"] = ":".join(preload)
-    command = [sys.executable, "-m", "diprl.bench.preload", "--child", "--requests", str(requests)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+def run_module(module: str, argv: Sequence[str], env: Mapping[str, str | None]) -> str:
+    """`python -m module argv` in a child process with `env`'s variables set (None: removed); its stdout,
+    or a clear error with the end of its output when it exits non-zero."""
+    child_env = dict(os.environ)
+    for key, value in env.items():
+        if value is None:
+            child_env.pop(key, None)
+        else:
+            child_env[key] = value
+    done = subprocess.run(
+        [sys.executable, "-m", module, *argv], env=child_env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"the benchmark child exited {done.returncode}:\n{(done.stdout + done.stderr)[-2000:]}")
-    return child_rate(done.stdout)
+    return done.stdout
+
+
+def run_child(requests: int, preload: Sequence[str]) -> float:
+    env = {"LD_PRELOAD": ":".join(preload) if preload else None}
+    return child_rate(run_module("diprl.bench.preload", ["--child", "--requests", str(requests)], env))
 
 
 def compare(rounds: int, measure: Callable[[bool], float], on_round: Callable[[int, float, float], None]) -> float:

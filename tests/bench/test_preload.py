@@ -40,3 +40,18 @@ def test_rounds_alternate_which_side_runs_first_and_the_median_ratio_is_reported
     assert calls == [False, True, True, False, False, True]
     assert rounds == [(0, 10.0, 12.0), (1, 10.0, 15.0), (2, 10.0, 11.0)]
     assert speedup == pytest.approx(1.2)  # ratios 1.2, 1.5, 1.1
+
+
+def test_a_child_runs_with_the_variables_set_and_removed_and_its_failure_is_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "probe.py").write_text(
+        "import os, sys\n"
+        "print(os.environ.get('DIPRL_SET'), os.environ.get('DIPRL_DROPPED'))\n"
+        "sys.exit(len(sys.argv) - 1)\n"
+    )
+    monkeypatch.setenv("DIPRL_DROPPED", "x")
+    env = {"PYTHONPATH": str(tmp_path), "DIPRL_SET": "1", "DIPRL_DROPPED": None}
+    assert preload.run_module("probe", [], env) == "1 None\n"
+    with pytest.raises(RuntimeError, match="exited 1:\n1 None"):
+        preload.run_module("probe", ["fail"], env)

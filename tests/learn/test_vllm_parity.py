@@ -1,6 +1,9 @@
 """A version the learner publishes is served by the PolicyServer's engine, and the learner's masked,
 tempered logprobs of the served completions equal the engine's processed logprobs (within 1e-4),
-with the compact vocabulary of the CPU presets and with Qwen3's own (the GPU models')."""
+with the compact vocabulary of the CPU presets and with Qwen3's own (the GPU models'). The base requests
+share the batch with the version's and the engine has one LoRA slot, which the version holds: a base row
+must still be served by the base (vLLM's own CPU LoRA ops gave it the last slot's adapter;
+diprl.inference.cpu_lora)."""
 
 from __future__ import annotations
 
@@ -69,6 +72,7 @@ def test_published_version_is_served_and_learner_logprobs_match_the_engine(
         dtype="float32",
         adapter_root=str(adapters),
         max_num_seqs=8,
+        max_loras=1,  # the only slot holds the version: a base row indexed -1 would read it
     )
     results = serve_in_process(config, requests)
     assert [r.error for r in results] == [None] * len(requests)
