@@ -2,18 +2,23 @@
 
 The same batches for N policies (mid-game movement states, the uniform constrained sampler's completions,
 random +-1 advantages; each policy its own states) are trained two ways, each side Ray actors as in a
-run and each actor one CPU of the local Ray (one torch thread):
+run, one torch thread a policy:
 
-- **one host** (`diprl.learn.host.LearnerHost`, `learner.adapters_per_actor=N`): one process, the base
-  loaded once, the N policies' steps of a round taken one after another;
-- **N learners** (`learner.adapters_per_actor=1`): one process and one base each, the N steps of a round
-  taken at once, as a run's driver keeps every learner stepping.
+- **one host, parallel** (`diprl.learn.host.LearnerHost`, `learner.adapters_per_actor=N
+  learner.host_parallel=true`): one process of N CPUs, the base loaded once, the N policies' steps of a
+  round taken at once in threads of the actor;
+- **N learners** (`learner.adapters_per_actor=1`): N processes of one CPU and one base each, the N steps of
+  a round taken at once, as a run's driver keeps every learner stepping;
+- and beside them **one host, serial** (the default host): one process of one CPU, the steps of a round
+  one after another.
 
 Every step is a full step (recompute, ZeRO-2 forward/backward, optimiser, publish with its canary). The
 first round is an untimed warm-up. Tokens/s is each side's prompt + completion tokens over its rounds'
 wall time; memory is each side's peak resident set (the host's process, the sum of the N learners'). After
 two steps every policy of each side writes a checkpoint, and `adapter_parity` is the largest difference
-between the two sides' LoRA weights and optimiser state (Adam moments, master weights) read back from them.
+between either host's LoRA weights and optimiser state (Adam moments, master weights), read back from them,
+and the N learners'. `multi_adapter_*` compare the parallel host with the N learners (the same CPUs);
+`serial_host_*` the serial one.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 from diprl.console import bar_enabled, progress_bar
 from diprl.messages import PolicyRef
 
-SIDES = ("host", "separate")
+SIDES = ("parallel", "separate", "serial")  # the parallel host and the learners, both N CPUs; the serial host, 1
 
 
 def policy_names(n: int) -> list[str]:
@@ -83,13 +88,14 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
     states_after: dict[str, dict[str, dict[str, Any]]] = {}
     # A local Ray with a CPU for each of the N learners (on a smaller machine they share its cores).
     local: dict[str, Any] = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(n + 1, os.cpu_count() or 1)}
-    title = f"learner rounds ({n} adapters: one host, then {n} learners)"
-    bar = progress_bar(2 * rounds, title, bar_enabled(args.quiet))
+    title = f"learner rounds ({n} adapters: a parallel host, {n} learners, a serial host)"
+    bar = progress_bar(len(SIDES) * rounds, title, bar_enabled(args.quiet))
     with bar, ray_session(**local), tempfile.TemporaryDirectory(prefix="diprl-bench-adapters-") as tmp:
         for side in SIDES:
             root = Path(tmp) / side
             configs = [replace(config, policy=p) for p in policies]
-            if side == "host":
+            if side != "separate":
+                configs = [replace(c, host_parallel=side == "parallel") for c in configs]
                 host = learner_host_actor(configs, LearnerSite(root / "run", root / "adapters"))
                 handles: dict[str, Any] = {p: HostedLearner(host, p) for p in policies}
                 actors = [host]
@@ -122,9 +128,14 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
             out[f"{side}_processes"] = float(len(pids))
             for actor in actors:
                 ray.kill(actor)
-    out["adapter_parity"] = max(_max_difference(states_after["host"][p], states_after["separate"][p]) for p in policies)
-    out["multi_adapter_speedup"] = out["host_tokens_per_s"] / out["separate_tokens_per_s"]
-    out["multi_adapter_memory_ratio"] = out["host_peak_rss_bytes"] / out["separate_peak_rss_bytes"]
+    out["adapter_parity"] = max(
+        _max_difference(states_after[host][p], states_after["separate"][p])
+        for host in ("parallel", "serial")
+        for p in policies
+    )
+    for host, prefix in (("parallel", "multi_adapter"), ("serial", "serial_host")):
+        out[f"{prefix}_speedup"] = out[f"{host}_tokens_per_s"] / out["separate_tokens_per_s"]
+        out[f"{prefix}_memory_ratio"] = out[f"{host}_peak_rss_bytes"] / out["separate_peak_rss_bytes"]
     return out
 
 
@@ -169,18 +180,25 @@ def print_adapters(args: argparse.Namespace, r: dict[str, float]) -> int:
     gib = 2**30
     print(
         f"{n} policies, {args.groups} groups x {args.forks} forks a step each, {r['tokens_per_round']:.0f} tokens a "
-        f"round (one step of every policy), {max(args.steps, 2)} timed rounds; every actor one CPU of the local Ray"
+        f"round (one step of every policy), {max(args.steps, 2)} timed rounds; a torch thread a policy"
+    )
+
+    def side(label: str, key: str, cpus: int) -> None:
+        print(
+            f"{label} ({r[f'{key}_processes']:.0f} process(es), {cpus} CPU(s) of the local Ray): "
+            f"{r[f'{key}_round_s']:.3f} s a round, {r[f'{key}_tokens_per_s']:.0f} tokens/s, "
+            f"peak RSS {r[f'{key}_peak_rss_bytes'] / gib:.2f} GiB"
+        )
+
+    side("one host, parallel (base loaded once)", "parallel", n)
+    side(f"{n} learners (a base each; RSS summed)", "separate", n)
+    side("one host, serial (base loaded once)", "serial", 1)
+    print(
+        f"serial_host_tokens_per_s={r['serial_tokens_per_s']:.1f} serial_host_speedup={r['serial_host_speedup']:.3f} "
+        f"serial_host_memory_ratio={r['serial_host_memory_ratio']:.3f}"
     )
     print(
-        f"one host ({r['host_processes']:.0f} process, base loaded once): {r['host_round_s']:.3f} s a round, "
-        f"{r['host_tokens_per_s']:.0f} tokens/s, peak RSS {r['host_peak_rss_bytes'] / gib:.2f} GiB"
-    )
-    print(
-        f"{n} learners ({r['separate_processes']:.0f} processes, a base each): {r['separate_round_s']:.3f} s a round, "
-        f"{r['separate_tokens_per_s']:.0f} tokens/s, peak RSS {r['separate_peak_rss_bytes'] / gib:.2f} GiB (summed)"
-    )
-    print(
-        f"multi_adapter_tokens_per_s={r['host_tokens_per_s']:.1f} "
+        f"multi_adapter_tokens_per_s={r['parallel_tokens_per_s']:.1f} "
         f"separate_tokens_per_s={r['separate_tokens_per_s']:.1f} "
         f"multi_adapter_speedup={r['multi_adapter_speedup']:.3f} adapter_parity={r['adapter_parity']:.3g} "
         f"multi_adapter_memory_ratio={r['multi_adapter_memory_ratio']:.3f}"

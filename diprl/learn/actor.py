@@ -54,15 +54,24 @@ def learner_host_actor(
     queues: dict[str, str] | None = None,
     resources: dict[str, float] | None = None,
 ) -> Any:
-    """A `LearnerHost` actor for `configs`' policies, named `learners-<policy>+<policy>...` and placed like a
-    learner (one GPU or one CPU for all of them); restarted forever, each adapter resuming on its own.
-    `site` as for `learner_actor`."""
+    """A `LearnerHost` actor for `configs`' policies, named `learners-<policy>+<policy>...`; restarted forever,
+    each adapter resuming on its own. `site` as for `learner_actor`.
+
+    Placed like a learner (one GPU or one CPU for all of them, their steps one after another), except with
+    `learner.host_parallel` on CPU: then it holds a CPU per policy, the cores the policies' own learners would
+    hold, and steps them at once, a threaded actor (a thread per policy, and one for the driver's other
+    calls) of one torch thread per step."""
     import ray
 
     name = "learners-" + "+".join(c.policy for c in configs)
     remote_cls: Any = ray.remote(LearnerHost)
     options = _actor_options(configs[0], name, namespace, resources)
-    return remote_cls.options(**options).remote(configs, site, queues)
+    parallel = configs[0].host_parallel and not configs[0].use_gpu
+    if parallel:
+        options["num_cpus"] = len(configs)
+        options["max_concurrency"] = len(configs) + 1
+        options["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] = "1"
+    return remote_cls.options(**options).remote(configs, site, queues, parallel)
 
 
 class HostedLearner:

@@ -77,6 +77,9 @@ class LearnerConfig:
     # Trained policies (league roles) per learner process, each a LoRA adapter of its own on one base model
     # loaded once (`diprl.learn.host`): 1 keeps one learner actor per policy. Needs ranks 1 and ZeRO <= 2.
     adapters_per_actor: int = 1
+    # A CPU host (adapters_per_actor > 1) steps its policies at once, a thread and a CPU each (the cores
+    # their own learners would hold); false: one after another on one CPU. A GPU host is always serial.
+    host_parallel: bool = False
     bf16: bool = False  # GPU path; the tiny CPU model is float32 so its logprobs match vLLM's to ~1e-6
     gradient_checkpointing: bool = False
     use_gpu: bool = False  # the Ray actor asks for one GPU and DeepSpeed uses CUDA + NCCL

@@ -8,11 +8,19 @@ reference, version counter and staleness window, quarantine, queue, pending batc
 publishes `<policy>@v<N>` as before. A reset (a league exploiter's) or a rollback (main's, to its best version)
 rebuilds that adapter alone.
 
-Steps run adapter by adapter, each on its own policy's batch, exactly the step a learner of its own would
-take (`python -m diprl.bench learner` compares them weight for weight): one step is one policy's, counted
-once its checkpoint is durable, and a host killed mid-step resumes each adapter at its own last durable
-step. While one policy waits for its batch it gives way as soon as another has a whole batch ready, so
-the process never idles on one empty queue while another is full.
+Each step is one policy's, on its own policy's batch, exactly the step a learner of its own would take
+(`python -m diprl.bench learner` compares them weight for weight), counted once its checkpoint is durable;
+a host killed mid-step resumes each adapter at its own last durable step. How the steps share the process:
+
+- serial (the default, and always on a GPU: one device, and the plan counts one step's activations): one
+  call at a time, adapter by adapter. While one policy waits for its batch it gives way as soon as another
+  has a whole batch ready, so the process never idles on one empty queue while another is full.
+- `parallel` (a CPU host with `learner.host_parallel`; `diprl.learn.actor.learner_host_actor`): the policies
+  step at once, each call in a thread of the actor's own and each one torch thread, so a host of N policies
+  uses the N cores that N learners would hold. The base's weights are frozen and only read; all that a step
+  writes is its policy's. A lock per policy keeps one call of a policy at a time (a `prune_versions` sent
+  while its step runs waits for it); the driver sends a policy's next step only after a reset or rollback it
+  asked for has run (`diprl.run.learning`), the one order between calls of a policy that matters.
 
 The host serves a learner's calls with the policy first (`train_next(policy, timeout_s)`);
 `diprl.learn.actor.HostedLearner` is the per-policy handle that makes it look like a learner to the driver.
@@ -20,8 +28,10 @@ The host serves a learner's calls with the policy first (`train_next(policy, tim
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +44,16 @@ from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset
 
 # What must be the same for every policy of a host: the base and how it is held.
-SHARED_FIELDS = ("model", "bf16", "use_gpu", "zero_stage", "ranks", "prefix_sharing", "gradient_checkpointing")
+SHARED_FIELDS = (
+    "model",
+    "bf16",
+    "use_gpu",
+    "zero_stage",
+    "ranks",
+    "prefix_sharing",
+    "gradient_checkpointing",
+    "host_parallel",
+)
 
 
 class HostError(ValueError):
@@ -68,13 +87,25 @@ class LearnerHost:
     `diprl.learn.actor.learner_host_actor` makes it a Ray actor."""
 
     def __init__(
-        self, configs: Sequence[LearnerConfig], site: LearnerSite, queues: dict[str, str] | None = None
+        self,
+        configs: Sequence[LearnerConfig],
+        site: LearnerSite,
+        queues: dict[str, str] | None = None,
+        parallel: bool = False,
     ) -> None:
         use_key(site.pin_key)  # the run's pin key, for every learner of this process (`Learner`)
         check_shareable(configs)
+        if parallel and configs[0].use_gpu:
+            raise HostError("a parallel learner host steps its policies on CPU threads; a GPU host is serial")
+        self.parallel = parallel
         queues = queues or {}
+        if parallel:  # a torch thread a step (process-wide: the threads the actor starts use it too)
+            import torch
+
+            torch.set_num_threads(1)
         self.base = load_base(load_preset(configs[0].model), configs[0])
         self.learners = {c.policy: Learner(c, site, queues.get(c.policy), base=self.base) for c in configs}
+        self.locks = {policy: threading.Lock() for policy in self.learners}
 
     def learner(self, policy: str) -> Learner:
         try:
@@ -82,45 +113,65 @@ class LearnerHost:
         except KeyError:
             raise HostError(f"this learner host trains {sorted(self.learners)}, not {policy!r}") from None
 
+    @contextlib.contextmanager
+    def _calling(self, policy: str) -> Iterator[Learner]:
+        """`policy`'s learner, held by this call alone (see the module doc)."""
+        learner = self.learner(policy)
+        with self.locks[policy]:
+            yield learner
+
     def policies(self) -> list[str]:
         return list(self.learners)
 
     # ------------------------------------------------------------------ a learner's calls, policy first
     def train_next(self, policy: str, timeout_s: float = 1.0) -> StepReport | None:
-        """`Learner.train_next` of `policy`, giving way as soon as another policy has a whole batch ready."""
+        """`Learner.train_next` of `policy`; on a serial host it gives way as soon as another policy has a
+        whole batch ready."""
         others = [learner for name, learner in self.learners.items() if name != policy]
-        return self.learner(policy).train_next(timeout_s, give_way=lambda: any(o.ready() for o in others))
+        give_way = None if self.parallel else (lambda: any(o.ready() for o in others))
+        with self._calling(policy) as learner:
+            return learner.train_next(timeout_s, give_way=give_way)
 
     def train_step(self, policy: str, groups: Sequence[TrajectoryGroup]) -> StepReport:
-        return self.learner(policy).train_step(groups)
+        with self._calling(policy) as learner:
+            return learner.train_step(groups)
 
     def train_records(self, policy: str, records: Sequence[TrainingRecord], objective: str = "bc") -> StepReport:
-        return self.learner(policy).train_records(records, objective)
+        with self._calling(policy) as learner:
+            return learner.train_records(records, objective)
 
     def score(self, policy: str, records: Sequence[TrainingRecord]) -> list[list[float]]:
-        return self.learner(policy).score(records)
+        with self._calling(policy) as learner:
+            return learner.score(records)
 
     def publish(self, policy: str) -> str:
-        return self.learner(policy).publish()
+        with self._calling(policy) as learner:
+            return learner.publish()
 
     def save_checkpoint(self, policy: str) -> Path:
-        return self.learner(policy).save_checkpoint()
+        with self._calling(policy) as learner:
+            return learner.save_checkpoint()
 
     def reset(self, policy: str) -> str:
-        return self.learner(policy).reset()
+        with self._calling(policy) as learner:
+            return learner.reset()
 
     def rollback(self, policy: str, to_version: str, decision: str | None = None) -> str:
         """`policy`'s adapter alone back to `to_version`'s weights (`Learner.rollback`); the others are untouched."""
-        return self.learner(policy).rollback(to_version, decision)
+        with self._calling(policy) as learner:
+            return learner.rollback(to_version, decision)
 
     def prune_versions(self, policy: str, keep: Iterable[str] = ()) -> list[str]:
-        return self.learner(policy).prune_versions(keep)
+        with self._calling(policy) as learner:
+            return learner.prune_versions(keep)
 
     def latest_version(self, policy: str) -> str:
-        return self.learner(policy).latest_version()
+        with self._calling(policy) as learner:
+            return learner.latest_version()
 
     def state(self, policy: str) -> dict[str, Any]:
-        return {**self.learner(policy).state(), "host": self.policies()}
+        with self._calling(policy) as learner:
+            return {**learner.state(), "host": self.policies(), "parallel": self.parallel}
 
     def pid_of(self, policy: str | None = None) -> int:
         if policy is not None:

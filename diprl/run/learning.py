@@ -11,10 +11,10 @@ back: the steps after its checkpoint are superseded), tells the league about a p
 report is read, before the journal, league and pruning calls (and before the driver's `_after_step`):
 a CPU learner's step of 0.15 s used to wait out 0.7 s of them. The one thing that must come first is
 a reset: when the league may reset this policy (`may_reset`, its role's reset probability), the driver
-waits for the league's answer to a published version and, on a reset, sends `reset` before the next
-`train_next`. A learner actor runs one caller's calls in the order they were sent (a host's too, its
-adapters share one actor), so the reset is applied before the next step, and the step never trains the
-weights the league dropped. A policy the league never resets (`main`) does not wait for the answer.
+waits for the league's answer to a published version and, on a reset, has `reset` done before it sends the
+next `train_next` (a learner host on CPU runs its policies' calls in threads, in no set order), so the step
+never trains the weights the league dropped. A policy the league never resets (`main`) does not wait for the
+answer, and a step without a reset or rollback waits for nothing.
 
 **Where groups go.** Per policy, beside each step, the `rollout` record counts the groups rollouts
 delivered to its queue (`delivered`, from the match reports), trained, dropped as stale or foreign, and
@@ -195,10 +195,13 @@ class LearnerLoop:
             if self.may_reset(policy):  # the answer must reach the learner before its next step
                 decision = ray.get(decision)
                 if decision.reset:
-                    reset = self.learners[policy].reset.remote()  # runs before the train_next sent below
+                    reset = self.learners[policy].reset.remote()  # runs before the next train_next (below)
         asked_rollback = self.rollback_asked.pop(policy, None)
         pending = None if asked_rollback is None or reset is not None else ray.get(asked_rollback)
         rollback = None if pending is None else self._roll_back(policy, pending)  # before the next train_next
+        ordered = [ref for ref in (reset, rollback) if ref is not None]
+        if ordered:  # done before the next step is sent: a learner host runs a policy's calls in any order
+            ray.wait(ordered, num_returns=len(ordered))
         self._ask_again(policy)
         asked = time.monotonic()
         for q in report.quarantined:

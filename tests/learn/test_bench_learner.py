@@ -82,4 +82,9 @@ def test_the_adapters_benchmark_trains_one_host_and_separate_learners_to_the_sam
     assert fields["multi_adapter_speedup"] == pytest.approx(
         fields["multi_adapter_tokens_per_s"] / fields["separate_tokens_per_s"], rel=1e-3
     )
-    assert "one host (1 process" in lines[-3] and "2 learners (2 processes" in lines[-2]
+    serial = {k: float(v) for k, v in (kv.split("=") for kv in lines[-2].split())}
+    assert set(serial) == {"serial_host_tokens_per_s", "serial_host_speedup", "serial_host_memory_ratio"}
+    assert 0.0 < serial["serial_host_memory_ratio"] < 1.0
+    assert "one host, parallel" in lines[-5] and "(1 process(es), 2 CPU(s)" in lines[-5]
+    assert "2 learners" in lines[-4] and "(2 process(es), 2 CPU(s)" in lines[-4]
+    assert "one host, serial" in lines[-3] and "(1 process(es), 1 CPU(s)" in lines[-3]

@@ -5,7 +5,9 @@ Real DeepSpeed (ZeRO-2, CPU) and PEFT on the tiny Qwen3, as in test_learner.py.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,18 @@ def tokenizer() -> Any:
 
 
 def _batch(learner: Learner, tokenizer: Any, seed: int) -> list[Any]:
-    table = token_table(tokenizer, learner.vocab_size)
-    advantages = [1.0, -1.0, 0.5, -0.5] if learner.config.policy == "main" else [-1.0, 1.0, 0.25, -0.25]
-    return [make_group(table, tokenizer, str(learner.version), advantages, seed=seed)]
+    return _group(learner.config.policy, str(learner.version), tokenizer, seed)
+
+
+def _group(policy: str, version: str, tokenizer: Any, seed: int) -> list[Any]:
+    table = token_table(tokenizer, load_preset("tiny").tiny.vocab_size)  # type: ignore[union-attr]
+    advantages = [1.0, -1.0, 0.5, -0.5] if policy == "main" else [-1.0, 1.0, 0.25, -0.25]
+    return [make_group(table, tokenizer, version, advantages, seed=seed)]
+
+
+def _two_steps(tokenizer: Any) -> dict[tuple[str, int], list[Any]]:
+    """Each policy's batches of its first two steps (versions v1 and v2), the same for every learner here."""
+    return {(p, k): _group(p, f"{p}@v{k + 1}", tokenizer, seed=10 * k + len(p)) for p in POLICIES for k in range(2)}
 
 
 def _moments(learner: Learner) -> list[torch.Tensor]:
@@ -66,9 +77,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Iterato
         p: Learner(replace(CONFIG, policy=p), LearnerSite(root / f"alone-{p}", root / f"alone-{p}-adapters"))
         for p in POLICIES
     }
+    batches = _two_steps(tokenizer)
     for step in range(2):
         for policy in POLICIES:  # interleaved, as the host's calls come
-            batch = _batch(alone[policy], tokenizer, seed=10 * step + len(policy))
+            batch = batches[policy, step]
             assert host.train_step(policy, batch).trained
             assert alone[policy].train_step(batch).trained
     yield host, alone
@@ -91,6 +103,47 @@ def test_each_adapter_trains_exactly_as_a_learner_of_its_own(trained: Trained) -
         assert host.state(policy)["version"] == f"{policy}@v3"
     main, rival = (lora_state(host.learner(p).peft) for p in POLICIES)
     assert any(not torch.equal(main[k], rival[k]) for k in main)  # two adapters, not one seen twice
+
+
+def test_a_parallel_host_steps_its_policies_at_once_each_as_a_learner_of_its_own(
+    trained: Trained, tokenizer: Any, tmp_path: Path
+) -> None:
+    """A CPU host's policies step in threads of their own (as a threaded actor's calls come): their steps
+    overlap, and each adapter still ends exactly where a learner of its own ends."""
+    _, alone = trained
+    configs = [replace(CONFIG, policy=p) for p in POLICIES]
+    host = LearnerHost(configs, LearnerSite(tmp_path / "run", tmp_path / "adapters"), parallel=True)
+    spans: dict[str, list[tuple[float, float]]] = {p: [] for p in POLICIES}
+    for policy, learner in host.learners.items():
+        step = learner._step
+
+        def timed(*args: Any, _step: Any = step, _spans: Any = spans[policy], **kwargs: Any) -> Any:
+            began = time.monotonic()
+            try:
+                return _step(*args, **kwargs)
+            finally:
+                _spans.append((began, time.monotonic()))
+
+        learner._step = timed  # type: ignore[method-assign]
+    batches = _two_steps(tokenizer)
+    try:
+        with ThreadPoolExecutor(len(POLICIES)) as pool:
+            for k in range(2):
+                reports = list(pool.map(host.train_step, POLICIES, [batches[p, k] for p in POLICIES]))
+                assert all(r.trained for r in reports)
+        overlapped = [max(a[0], b[0]) < min(a[1], b[1]) for a, b in zip(spans["main"], spans["rival"], strict=True)]
+        assert all(overlapped), spans
+        for policy in POLICIES:
+            mine, theirs = lora_state(host.learner(policy).peft), lora_state(alone[policy].peft)
+            assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) == 0.0
+            moments = list(zip(_moments(host.learner(policy)), _moments(alone[policy]), strict=True))
+            assert moments and max(float((a - b).abs().max()) for a, b in moments) == 0.0
+        assert host.state("main")["parallel"] is True
+    finally:
+        for learner in host.learners.values():
+            learner.engine.destroy()
+    with pytest.raises(HostError, match="a GPU host is serial"):
+        LearnerHost([replace(CONFIG, use_gpu=True)], LearnerSite(tmp_path / "gpu", tmp_path / "gpu-ad"), parallel=True)
 
 
 def test_the_base_weights_are_held_once(trained: Trained) -> None:
