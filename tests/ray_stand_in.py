@@ -1,7 +1,7 @@
 """Ray stand-ins for driver-side tests: actors whose calls answer at once, refs that `ray.get` reads back.
 
-`use_stand_in_ray(monkeypatch)` makes `ray.get` read a `Ref`; `Actor(obj)` turns `obj.method(...)` into
-`handle.method.remote(...)`, as a Ray actor handle is called.
+`use_stand_in_ray(monkeypatch)` makes `ray.get` read a `Ref` (and `ray.wait` find it ready); `Actor(obj)`
+turns `obj.method(...)` into `handle.method.remote(...)`, as a Ray actor handle is called.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class Actor:
 
 
 def use_stand_in_ray(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`ray.get` of a `Ref` is its value."""
+    """`ray.get` of a `Ref` is its value; `ray.wait` finds every `Ref` ready (its call has already run)."""
     import ray
 
     monkeypatch.setattr(ray, "get", lambda ref: ref.value)
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, **_: (refs[:num_returns], refs[num_returns:]))

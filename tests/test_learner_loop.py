@@ -78,7 +78,12 @@ def loop_of(
         calls.append(f"get:{ref.name}")
         return ref.value
 
+    def wait(refs: list[Ref], num_returns: int = 1) -> tuple[list[Ref], list[Ref]]:
+        calls.extend(f"wait:{ref.name}" for ref in refs)
+        return refs[:num_returns], refs[num_returns:]
+
     monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "wait", wait)
     tracker = Tracker(calls)
     learners = {
         p: Actor(calls, p, reset=f"{p}@v9", state={"step": 0, "version": f"{p}@v1", "counters": {}}) for p in policies
@@ -134,11 +139,14 @@ def test_the_next_step_is_asked_for_before_the_steps_bookkeeping(
 
 
 def test_a_reset_reaches_the_learner_before_its_next_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A policy the league may reset waits for the league's answer; on a reset, `reset` is sent before the
-    next `train_next` (the actor runs them in that order), so the next step trains the fresh adapter."""
+    """A policy the league may reset waits for the league's answer; on a reset, `reset` is sent and has run
+    before the next `train_next` is sent (a learner host's threads keep no call order), so the next step
+    trains the fresh adapter."""
     loop, calls, _ = loop_of(tmp_path, monkeypatch, reset=True, may_reset=True)
     answer(loop, step_report(3))
-    assert calls.index("get:league.register_version") < calls.index("main.reset") < calls.index("main.train_next")
+    sequence = ("get:league.register_version", "main.reset", "wait:main.reset", "main.train_next")
+    order = [calls.index(c) for c in sequence]
+    assert order == sorted(order)
     assert calls.count("league.register_version") == 2  # the published version, then the reset's
     assert loop.versions["main"] == "main@v9"
 
@@ -146,7 +154,7 @@ def test_a_reset_reaches_the_learner_before_its_next_step(tmp_path: Path, monkey
     loop.stepping.clear()
     loop.league = Actor(calls, "league", register_version=decision(False), refs_in_use=[])
     answer(loop, step_report(4))
-    assert "main.reset" not in calls
+    assert "main.reset" not in calls and not any(c.startswith("wait:") for c in calls)  # nothing to wait for
     assert calls.index("get:league.register_version") < calls.index("main.train_next")
 
 

@@ -1,7 +1,7 @@
 """`python -m diprl.bench learner --adapters N`: N policies trained by one learner host against N learners.
 
 The same batches for N policies (mid-game movement states, the uniform constrained sampler's completions,
-random +-1 advantages; each policy its own states) are trained two ways, each side Ray actors as in a
+random +-1 advantages; each policy its own states) are trained three ways, each side Ray actors as in a
 run, one torch thread a policy:
 
 - **one host, parallel** (`diprl.learn.host.LearnerHost`, `learner.adapters_per_actor=N
@@ -129,13 +129,13 @@ def run_adapters(args: argparse.Namespace) -> dict[str, float]:
             for actor in actors:
                 ray.kill(actor)
     out["adapter_parity"] = max(
-        _max_difference(states_after[host][p], states_after["separate"][p])
-        for host in ("parallel", "serial")
+        _max_difference(states_after[kind][p], states_after["separate"][p])
+        for kind in ("parallel", "serial")
         for p in policies
     )
-    for host, prefix in (("parallel", "multi_adapter"), ("serial", "serial_host")):
-        out[f"{prefix}_speedup"] = out[f"{host}_tokens_per_s"] / out["separate_tokens_per_s"]
-        out[f"{prefix}_memory_ratio"] = out[f"{host}_peak_rss_bytes"] / out["separate_peak_rss_bytes"]
+    for kind, prefix in (("parallel", "multi_adapter"), ("serial", "serial_host")):
+        out[f"{prefix}_speedup"] = out[f"{kind}_tokens_per_s"] / out["separate_tokens_per_s"]
+        out[f"{prefix}_memory_ratio"] = out[f"{kind}_peak_rss_bytes"] / out["separate_peak_rss_bytes"]
     return out
 
 

@@ -51,6 +51,7 @@ RESUME_MAY_CHANGE = frozenset(
         "rollout.num_workers",
         "rollout.worker_cpus",
         "rollout.matches_in_flight",
+        "learner.host_parallel",  # how a host's adapters share its process; each steps the same either way
         "inference.port",
         "inference.log_level",
     }
