@@ -55,6 +55,7 @@ from typing import Any
 
 from diprl.adapter_files import ADAPTER_FILES, CONFIG_FILE, WEIGHTS_FILE
 from diprl.bench.learner import add_batch_options
+from diprl.torch_threads import set_torch_threads
 
 
 def _zero_b_dir(version_dir: Path, out: Path) -> Path:
@@ -77,7 +78,6 @@ def _peft_files(version_dir: Path, out: Path) -> Path:
 
 def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Learner steps publishing canaried versions; their step and canary seconds."""
-    import torch
 
     from diprl.bench.constraint import mid_game_states
     from diprl.bench.learner import make_groups
@@ -119,7 +119,6 @@ def train(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     versions = [str(r) for r in AdapterStore(tmp / "adapters").versions(config.policy)]
     model_path = str(resolve_model_path(learner.preset))
     learner.engine.destroy()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     return {"versions": versions, "step_s": steps, "canary_s": canaries, "unchanged": unchanged, "model": model_path}
 
 
@@ -327,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             traffic = traffic_requests(clean[-1], args.traffic, args.seed)
             served = asyncio.run(serve(config, clean, bytes_only, faults, store, tmp, traffic, args.trials))
         finally:
-            torch.set_num_threads(threads)
+            set_torch_threads(threads)
     alarms = served["alarms"]
     false_alarms = sum(alarms[v] for v in [*clean, *bytes_only])
     caught = {fault: alarms[name] for fault, name in faults.items()}

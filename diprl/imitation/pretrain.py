@@ -30,6 +30,7 @@ from typing import Any
 from diprl.imitation.data import TeacherConfig
 from diprl.imitation.teacher import TeacherExample
 from diprl.structured_config import Command, ConfigError, compose_structured, too_small
+from diprl.torch_threads import set_torch_threads
 
 PROG = "python -m diprl.imitation.pretrain"
 SCHEMA_NAME = "pretrain_schema"
@@ -133,7 +134,7 @@ def run(
             "directory its preset's `path` names (see conf/model/tiny_pretrained.yaml)"
         )
     if config.threads:
-        torch.set_num_threads(config.threads)
+        set_torch_threads(config.threads)
     torch.manual_seed(config.seed)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from diprl.imitation.data import TeacherData
 from diprl.imitation.shards import cached_teacher_data
 from diprl.imitation.teacher import TeacherError, TeacherExample
 from diprl.imitation.train import planned_batches, train_bc
+from diprl.torch_threads import set_torch_threads
 
 if TYPE_CHECKING:
     from diprl.policy.models import ModelPreset
@@ -86,7 +87,7 @@ def run(config: ImitateConfig, cache: Path | None = None) -> dict[str, Any]:
     import torch
 
     if config.threads:
-        torch.set_num_threads(config.threads)
+        set_torch_threads(config.threads)
     torch.manual_seed(config.learner.seed)
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)

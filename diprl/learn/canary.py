@@ -23,6 +23,7 @@ from diprl.inference.canary import CANARY_MAX_TOKENS, Canary, CanaryItem, Canary
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.logprobs import constrained_greedy, verify_greedy
 from diprl.policy.vocab import TokenTable, token_table
+from diprl.torch_threads import set_torch_threads
 
 __all__ = ["learner_canary", "version_canary"]
 
@@ -50,7 +51,7 @@ def learner_canary(
     threads = torch.get_num_threads()
     try:
         if next(model.parameters()).device.type == "cpu":
-            torch.set_num_threads(1)
+            set_torch_threads(1)
         if previous is not None and [i.prompt for i in previous.items] == list(prompts):
             expected = [i.token_ids for i in previous.items]
             for row, checked in enumerate(verify_greedy(model, ids, expected, constraints, pad)):
@@ -67,7 +68,7 @@ def learner_canary(
                 picked = logprobs[k, torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
                 found[row] = CanaryItem(prompts[row], tuple(tokens), tuple(float(x) for x in picked))
     finally:
-        torch.set_num_threads(threads)
+        set_torch_threads(threads)
     return Canary(tuple(found[row] for row in range(len(prompts))))
 
 

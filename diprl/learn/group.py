@@ -40,6 +40,7 @@ from diprl.learn.site import LearnerSite
 from diprl.learn.versions import VersionBook
 from diprl.messages import GroupRestart, StepReport, TrainingRecord, TrajectoryGroup
 from diprl.ports import free_port
+from diprl.torch_threads import set_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +68,7 @@ class LearnerRank:
     def __init__(self, use_gpu: bool, pin_key: PinKey | None = None) -> None:
         use_key(pin_key)  # the run's adapter pin key: this rank's Learner publishes and reads versions
         if not use_gpu:
-            import torch
-
-            torch.set_num_threads(1)  # ranks share the node's cores: one thread each, no oversubscription
+            set_torch_threads(1)  # ranks share the node's cores: one thread each, no oversubscription
         self.learner: Any = None
 
     def address(self) -> str:

@@ -42,6 +42,7 @@ from diprl.learn.model import load_base
 from diprl.learn.site import LearnerSite
 from diprl.messages import StepReport, TrainingRecord, TrajectoryGroup
 from diprl.policy.models import load_preset
+from diprl.torch_threads import set_torch_threads
 
 # What must be the same for every policy of a host: the base and how it is held.
 SHARED_FIELDS = (
@@ -100,9 +101,7 @@ class LearnerHost:
         self.parallel = parallel
         queues = queues or {}
         if parallel:  # a torch thread a step (process-wide: the threads the actor starts use it too)
-            import torch
-
-            torch.set_num_threads(1)
+            set_torch_threads(1)
         self.base = load_base(load_preset(configs[0].model), configs[0])
         self.learners = {c.policy: Learner(c, site, queues.get(c.policy), base=self.base) for c in configs}
         self.locks = {policy: threading.Lock() for policy in self.learners}

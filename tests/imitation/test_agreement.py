@@ -17,6 +17,7 @@ from diprl.imitation.teacher import TeacherExample, ordered_lines, teacher_compl
 from diprl.messages import GenerationRequest
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.vocab import TokenTable
+from diprl.torch_threads import set_torch_threads
 
 
 def _example(legal: PowerOrders, orders: list[str], tok: tuple[Any, TokenTable]) -> TeacherExample:
@@ -72,11 +73,10 @@ def _argmax_loop(model: Any, example: TeacherExample, table: TokenTable) -> list
 @pytest.fixture(scope="module")
 def lora_model() -> Any:
     """A tiny model whose LoRA weights are random (not the base's B = 0), so the decode is not trivial."""
-    import torch
 
     from diprl.policy.models import random_lora_model
 
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     return random_lora_model(seed=3)
 
 

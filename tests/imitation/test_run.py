@@ -21,6 +21,7 @@ from diprl.imitation.shards import read_shards
 from diprl.imitation.train import planned_batches, state_batches, state_groups, train_bc
 from diprl.inference.adapters import AdapterStore
 from diprl.messages import PolicyRef, StepReport, TrainingRecord
+from diprl.torch_threads import set_torch_threads
 
 
 def test_bad_keys_values_and_teachers_are_clear_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,11 +100,10 @@ def test_behaviour_cloning_raises_agreement_on_a_fixed_set(data: TeacherData, tm
     """Eight learner steps (objective='bc') on six fixed decisions (three movement, three builds): the
     tiny model's greedy decode moves towards the teacher's, and the published version is the adapter
     that was trained."""
-    import torch
 
     from diprl.learn.model import build_peft_model
 
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     movement = [e for e in data.train if e.kind == "movement"]
     fixed = movement[:3] + [e for e in data.train if e.kind == "build"][:3]
     config = load_imitate_config(["learner.policy=bc", "learner.lr=1e-2", f"adapter_root={tmp_path / 'adapters'}"])

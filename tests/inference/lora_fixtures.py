@@ -19,6 +19,7 @@ import torch
 from diprl.inference.config import ServerConfig
 from diprl.messages import Generation, GenerationRequest
 from diprl.policy.models import load_preset, random_lora_model, resolve_model_path, save_random_lora
+from diprl.torch_threads import set_torch_threads
 
 
 def tiny_base_path() -> Path:
@@ -66,4 +67,4 @@ def run_engine(config: ServerConfig, work: Any, engine_class: Any = None) -> Any
     try:
         return asyncio.run(serve())
     finally:
-        torch.set_num_threads(threads)
+        set_torch_threads(threads)

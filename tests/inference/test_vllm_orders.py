@@ -23,6 +23,7 @@ from diprl.policy.models import TinyModelSpec, TokenizerKind, build_tiny_model, 
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
+from diprl.torch_threads import set_torch_threads
 from tests.dense_logprobs import constrained_logprobs
 
 
@@ -57,7 +58,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
     llm = make_llm(EngineConfig(model=path, max_model_len=2048, max_num_seqs=128))
     yield llm, path
     del llm
-    torch.set_num_threads(threads)  # vLLM pins torch to one thread in-process
+    set_torch_threads(threads)  # vLLM pins torch to its own count in-process
 
 
 def test_constrained_sampling_is_always_a_complete_legal_order_set(engine: tuple[Any, str]) -> None:

@@ -24,6 +24,7 @@ from diprl.learn.train_state import base_optimizer
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
+from diprl.torch_threads import set_torch_threads
 
 from .groups import make_group
 
@@ -68,7 +69,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Iterato
     One torch thread: with two, CPU reductions split differently from call to call, and two learners of
     their own on the same batches already differ by 1e-4 after two steps; with one they agree to the bit."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     root = tmp_path_factory.mktemp("host")
     host = LearnerHost(
         [replace(CONFIG, policy=p) for p in POLICIES], LearnerSite(root / "host", root / "host-adapters")
@@ -86,7 +87,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Iterato
     yield host, alone
     for learner in [*host.learners.values(), *alone.values()]:
         learner.engine.destroy()
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
 
 
 def test_each_adapter_trains_exactly_as_a_learner_of_its_own(trained: Trained) -> None:

@@ -25,6 +25,7 @@ from diprl.policy.models import (
     resolve_model_path,
 )
 from diprl.policy.tokenizer import QWEN3_VOCAB_LEN, STAMP_FILE, load_tokenizer
+from diprl.torch_threads import set_torch_threads
 
 CHAT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 QWEN_PROMPT_IDS = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]  # CHAT under Qwen3's tokenizer
@@ -294,7 +295,7 @@ def test_vllm_loads_the_tiny_model_and_matches_transformers(
         vllm_logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], vllm_ids, strict=True)]
         del llm
     finally:
-        torch.set_num_threads(threads)
+        set_torch_threads(threads)
 
     model = create_tiny_model(TinyModelSpec())
     ids = torch.tensor([prompt_ids])
