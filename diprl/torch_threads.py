@@ -25,12 +25,14 @@ def set_torch_threads(count: int) -> None:
 
 
 @contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Torch's intra-op threads inside the block; the count before it comes back after, whatever happens."""
+def torch_threads(count: int | None = None) -> Iterator[None]:
+    """Torch's intra-op threads inside the block (None: as they are, or as something inside sets them, a vLLM
+    engine for one); the count before it comes back after, whatever happens."""
     import torch
 
     before = torch.get_num_threads()
-    set_torch_threads(count)
+    if count is not None:
+        set_torch_threads(count)
     try:
         yield
     finally:

@@ -17,6 +17,9 @@ def test_the_count_holds_after_an_engine_has_swapped_out_torchs_setter(monkeypat
         with torch_threads(other):
             assert torch.get_num_threads() == other
         assert torch.get_num_threads() == before
+        with torch_threads():  # an engine inside sets its own count; the one before comes back
+            set_torch_threads(other)
+        assert torch.get_num_threads() == before
         set_torch_threads(other)
         assert torch.get_num_threads() == other
     finally:

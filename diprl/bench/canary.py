@@ -55,7 +55,7 @@ from typing import Any
 
 from diprl.adapter_files import ADAPTER_FILES, CONFIG_FILE, WEIGHTS_FILE
 from diprl.bench.learner import add_batch_options
-from diprl.torch_threads import set_torch_threads
+from diprl.torch_threads import torch_threads
 
 
 def _zero_b_dir(version_dir: Path, out: Path) -> Path:
@@ -302,7 +302,6 @@ def main(argv: list[str] | None = None) -> int:
         args.steps = args.canary_every
     if args.canary_every < 1 or args.steps < 1 or (args.steps + 1) // args.canary_every < 1:
         parser.error("two versions need a canary: --canary-every must be in [1, --steps + 1]")
-    import torch
 
     from diprl.inference.adapters import AdapterStore
     from diprl.inference.config import ServerConfig
@@ -321,12 +320,9 @@ def main(argv: list[str] | None = None) -> int:
             max_num_seqs=8,
             loaded_adapters=2,
         )
-        threads = torch.get_num_threads()
-        try:
+        with torch_threads():  # the engine in this process sets its own count
             traffic = traffic_requests(clean[-1], args.traffic, args.seed)
             served = asyncio.run(serve(config, clean, bytes_only, faults, store, tmp, traffic, args.trials))
-        finally:
-            set_torch_threads(threads)
     alarms = served["alarms"]
     false_alarms = sum(alarms[v] for v in [*clean, *bytes_only])
     caught = {fault: alarms[name] for fault, name in faults.items()}

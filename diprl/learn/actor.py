@@ -66,12 +66,11 @@ def learner_host_actor(
     name = "learners-" + "+".join(c.policy for c in configs)
     remote_cls: Any = ray.remote(LearnerHost)
     options = _actor_options(configs[0], name, namespace, resources)
-    parallel = configs[0].host_parallel and not configs[0].use_gpu
-    if parallel:
+    if configs[0].host_parallel:
         options["num_cpus"] = len(configs)
         options["max_concurrency"] = len(configs) + 1
         options["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] = "1"
-    return remote_cls.options(**options).remote(configs, site, queues, parallel)
+    return remote_cls.options(**options).remote(configs, site, queues)
 
 
 class HostedLearner:

@@ -23,7 +23,7 @@ from diprl.inference.canary import CANARY_MAX_TOKENS, Canary, CanaryItem, Canary
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.logprobs import constrained_greedy, verify_greedy
 from diprl.policy.vocab import TokenTable, token_table
-from diprl.torch_threads import set_torch_threads
+from diprl.torch_threads import torch_threads
 
 __all__ = ["learner_canary", "version_canary"]
 
@@ -48,10 +48,7 @@ def learner_canary(
     constraints = [OrderConstraint(p.legal, table) for p in prompts]
     ids = [p.prompt_ids for p in prompts]
     found: dict[int, CanaryItem] = {}  # row -> its item, checked or decoded
-    threads = torch.get_num_threads()
-    try:
-        if next(model.parameters()).device.type == "cpu":
-            set_torch_threads(1)
+    with torch_threads(1 if next(model.parameters()).device.type == "cpu" else None):
         if previous is not None and [i.prompt for i in previous.items] == list(prompts):
             expected = [i.token_ids for i in previous.items]
             for row, checked in enumerate(verify_greedy(model, ids, expected, constraints, pad)):
@@ -67,8 +64,6 @@ def learner_canary(
             for k, (row, tokens) in enumerate(zip(todo, completions, strict=True)):
                 picked = logprobs[k, torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
                 found[row] = CanaryItem(prompts[row], tuple(tokens), tuple(float(x) for x in picked))
-    finally:
-        set_torch_threads(threads)
     return Canary(tuple(found[row] for row in range(len(prompts))))
 
 

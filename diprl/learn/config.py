@@ -78,7 +78,7 @@ class LearnerConfig:
     # loaded once (`diprl.learn.host`): 1 keeps one learner actor per policy. Needs ranks 1 and ZeRO <= 2.
     adapters_per_actor: int = 1
     # A CPU host (adapters_per_actor > 1) steps its policies at once, a thread and a CPU each (the cores
-    # their own learners would hold); false: one after another on one CPU. A GPU host is always serial.
+    # their own learners would hold); false: one after another on one CPU. A GPU host is serial (refused here).
     host_parallel: bool = False
     bf16: bool = False  # GPU path; the tiny CPU model is float32 so its logprobs match vLLM's to ~1e-6
     gradient_checkpointing: bool = False
@@ -136,6 +136,10 @@ class LearnerConfig:
         need(
             self.adapters_per_actor >= 1,
             f"adapters_per_actor must be >= 1 (trained policies per learner process), got {self.adapters_per_actor}",
+        )
+        need(
+            not (self.host_parallel and self.use_gpu),
+            "host_parallel steps a host's policies on CPU threads; a GPU host is serial (set host_parallel=false)",
         )
         unshareable = shared_base_refusal(self)
         need(self.adapters_per_actor == 1 or unshareable is None, f"adapters_per_actor > 1 {unshareable}")

@@ -92,15 +92,12 @@ class LearnerHost:
         configs: Sequence[LearnerConfig],
         site: LearnerSite,
         queues: dict[str, str] | None = None,
-        parallel: bool = False,
     ) -> None:
         use_key(site.pin_key)  # the run's pin key, for every learner of this process (`Learner`)
         check_shareable(configs)
-        if parallel and configs[0].use_gpu:
-            raise HostError("a parallel learner host steps its policies on CPU threads; a GPU host is serial")
-        self.parallel = parallel
+        self.parallel = configs[0].host_parallel  # the same for every policy (`check_shareable`), CPU only
         queues = queues or {}
-        if parallel:  # a torch thread a step (process-wide: the threads the actor starts use it too)
+        if self.parallel:  # a torch thread a step (process-wide: the threads the actor starts use it too)
             set_torch_threads(1)
         self.base = load_base(load_preset(configs[0].model), configs[0])
         self.learners = {c.policy: Learner(c, site, queues.get(c.policy), base=self.base) for c in configs}

@@ -19,7 +19,7 @@ import torch
 from diprl.inference.config import ServerConfig
 from diprl.messages import Generation, GenerationRequest
 from diprl.policy.models import load_preset, random_lora_model, resolve_model_path, save_random_lora
-from diprl.torch_threads import set_torch_threads
+from diprl.torch_threads import torch_threads
 
 
 def tiny_base_path() -> Path:
@@ -63,8 +63,5 @@ def run_engine(config: ServerConfig, work: Any, engine_class: Any = None) -> Any
         finally:
             engine.shutdown()
 
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():  # the engine in this process sets its own count
         return asyncio.run(serve())
-    finally:
-        set_torch_threads(threads)

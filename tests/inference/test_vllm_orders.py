@@ -23,7 +23,7 @@ from diprl.policy.models import TinyModelSpec, TokenizerKind, build_tiny_model, 
 from diprl.policy.prompt import build_prompt
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
-from diprl.torch_threads import set_torch_threads
+from diprl.torch_threads import torch_threads
 from tests.dense_logprobs import constrained_logprobs
 
 
@@ -54,11 +54,10 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
         path = str(resolve_model_path(load_preset("tiny")))
     else:
         path = str(build_tiny_model(TinyModelSpec(vocab_size=151936, tokenizer=TokenizerKind.qwen3)))
-    threads = torch.get_num_threads()
-    llm = make_llm(EngineConfig(model=path, max_model_len=2048, max_num_seqs=128))
-    yield llm, path
-    del llm
-    set_torch_threads(threads)  # vLLM pins torch to its own count in-process
+    with torch_threads():  # vLLM sets torch to its own count in-process
+        llm = make_llm(EngineConfig(model=path, max_model_len=2048, max_num_seqs=128))
+        yield llm, path
+        del llm
 
 
 def test_constrained_sampling_is_always_a_complete_legal_order_set(engine: tuple[Any, str]) -> None:

@@ -24,7 +24,7 @@ from diprl.learn.train_state import base_optimizer
 from diprl.policy.models import load_preset, resolve_model_path
 from diprl.policy.tokenizer import load_tokenizer
 from diprl.policy.vocab import token_table
-from diprl.torch_threads import set_torch_threads
+from diprl.torch_threads import torch_threads
 
 from .groups import make_group
 
@@ -68,26 +68,24 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Iterato
 
     One torch thread: with two, CPU reductions split differently from call to call, and two learners of
     their own on the same batches already differ by 1e-4 after two steps; with one they agree to the bit."""
-    threads = torch.get_num_threads()
-    set_torch_threads(1)
-    root = tmp_path_factory.mktemp("host")
-    host = LearnerHost(
-        [replace(CONFIG, policy=p) for p in POLICIES], LearnerSite(root / "host", root / "host-adapters")
-    )
-    alone = {
-        p: Learner(replace(CONFIG, policy=p), LearnerSite(root / f"alone-{p}", root / f"alone-{p}-adapters"))
-        for p in POLICIES
-    }
-    batches = _two_steps(tokenizer)
-    for step in range(2):
-        for policy in POLICIES:  # interleaved, as the host's calls come
-            batch = batches[policy, step]
-            assert host.train_step(policy, batch).trained
-            assert alone[policy].train_step(batch).trained
-    yield host, alone
-    for learner in [*host.learners.values(), *alone.values()]:
-        learner.engine.destroy()
-    set_torch_threads(threads)
+    with torch_threads(1):
+        root = tmp_path_factory.mktemp("host")
+        host = LearnerHost(
+            [replace(CONFIG, policy=p) for p in POLICIES], LearnerSite(root / "host", root / "host-adapters")
+        )
+        alone = {
+            p: Learner(replace(CONFIG, policy=p), LearnerSite(root / f"alone-{p}", root / f"alone-{p}-adapters"))
+            for p in POLICIES
+        }
+        batches = _two_steps(tokenizer)
+        for step in range(2):
+            for policy in POLICIES:  # interleaved, as the host's calls come
+                batch = batches[policy, step]
+                assert host.train_step(policy, batch).trained
+                assert alone[policy].train_step(batch).trained
+        yield host, alone
+        for learner in [*host.learners.values(), *alone.values()]:
+            learner.engine.destroy()
 
 
 def test_each_adapter_trains_exactly_as_a_learner_of_its_own(trained: Trained) -> None:
@@ -112,8 +110,8 @@ def test_a_parallel_host_steps_its_policies_at_once_each_as_a_learner_of_its_own
     """A CPU host's policies step in threads of their own (as a threaded actor's calls come): their steps
     overlap, and each adapter still ends exactly where a learner of its own ends."""
     _, alone = trained
-    configs = [replace(CONFIG, policy=p) for p in POLICIES]
-    host = LearnerHost(configs, LearnerSite(tmp_path / "run", tmp_path / "adapters"), parallel=True)
+    configs = [replace(CONFIG, policy=p, host_parallel=True) for p in POLICIES]
+    host = LearnerHost(configs, LearnerSite(tmp_path / "run", tmp_path / "adapters"))
     spans: dict[str, list[tuple[float, float]]] = {p: [] for p in POLICIES}
     for policy, learner in host.learners.items():
         step = learner._step
@@ -143,8 +141,8 @@ def test_a_parallel_host_steps_its_policies_at_once_each_as_a_learner_of_its_own
     finally:
         for learner in host.learners.values():
             learner.engine.destroy()
-    with pytest.raises(HostError, match="a GPU host is serial"):
-        LearnerHost([replace(CONFIG, use_gpu=True)], LearnerSite(tmp_path / "gpu", tmp_path / "gpu-ad"), parallel=True)
+    with pytest.raises(ValueError, match="a GPU host is serial"):
+        replace(CONFIG, use_gpu=True, host_parallel=True)
 
 
 def test_the_base_weights_are_held_once(trained: Trained) -> None:

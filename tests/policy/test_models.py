@@ -25,7 +25,7 @@ from diprl.policy.models import (
     resolve_model_path,
 )
 from diprl.policy.tokenizer import QWEN3_VOCAB_LEN, STAMP_FILE, load_tokenizer
-from diprl.torch_threads import set_torch_threads
+from diprl.torch_threads import torch_threads
 
 CHAT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 QWEN_PROMPT_IDS = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]  # CHAT under Qwen3's tokenizer
@@ -282,11 +282,10 @@ def test_vllm_loads_the_tiny_model_and_matches_transformers(
     """One engine start (about 10 s): greedy tokens and their logprobs agree with transformers."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    threads = torch.get_num_threads()  # vLLM's CPU worker lowers torch's thread count for serving
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    try:
+    with torch_threads():  # vLLM's CPU worker sets torch's thread count for serving
         llm = LLM(model=str(tiny_dir), dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
         params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=0)
         (result,) = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids)], params, use_tqdm=False)
@@ -294,8 +293,6 @@ def test_vllm_loads_the_tiny_model_and_matches_transformers(
         vllm_ids = list(completion.token_ids)
         vllm_logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], vllm_ids, strict=True)]
         del llm
-    finally:
-        set_torch_threads(threads)
 
     model = create_tiny_model(TinyModelSpec())
     ids = torch.tensor([prompt_ids])
