@@ -22,8 +22,10 @@ import contextlib
 import hashlib
 import logging
 import math
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,9 @@ from diprl.policy.parser import legal_complete, parse_orders
 
 log = logging.getLogger(__name__)
 HEALTH_CHECK_TIMEOUT_S = 30.0
+# Prompts whose token ids are kept: the forks of a decision send one prompt several times at once, and
+# tokenising was a quarter of the replica's CPU in a `+experiment=random` run (docs/inference.md).
+PROMPT_CACHE_SIZE = 1024
 
 __all__ = ["HEALTH_CHECK_TIMEOUT_S", "PolicyEngine", "resolve_model"]
 
@@ -95,6 +100,24 @@ class PolicyEngine:
         self.dead: str | None = None  # why the engine is unusable; health checks fail from then on
         self.failed_requests = 0
         self.occupancy = Occupancy()
+        # Text -> ids is a pure function of the tokenizer, kept for the last PROMPT_CACHE_SIZE prompts.
+        self._prompt_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._prompt_lock = threading.Lock()
+
+    def _encode(self, prompt: str) -> tuple[int, ...]:
+        """The prompt's token ids, tokenised once however many requests send it. `prepare` runs in threads
+        and a decision's forks arrive together: a second thread asking for a prompt being tokenised waits
+        for it under the lock instead of tokenising it again."""
+        with self._prompt_lock:
+            ids = self._prompt_ids.get(prompt)
+            if ids is None:
+                ids = tuple(self.tokenizer.encode(prompt))
+                self._prompt_ids[prompt] = ids
+                if len(self._prompt_ids) > PROMPT_CACHE_SIZE:
+                    self._prompt_ids.popitem(last=False)
+            else:
+                self._prompt_ids.move_to_end(prompt)
+            return ids
 
     # ------------------------------------------------------------ canaries
 
@@ -164,9 +187,10 @@ class PolicyEngine:
     def prepare(self, request: ValidRequest) -> tuple[list[int], Any]:
         """Token ids and sampling parameters for a valid request; raises `RequestError`."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         if isinstance(request.prompt, str):
-            prompt_ids = list(self.tokenizer.encode(request.prompt))
+            prompt_ids = list(self._encode(request.prompt))
             if not prompt_ids:
                 raise RequestError("'prompt' encodes to no tokens")
             check_prompt_length(len(prompt_ids), self.limits)
@@ -185,6 +209,9 @@ class PolicyEngine:
             logprobs=0,
             skip_special_tokens=True,
             extra_args=extra,
+            # One output at the end: `_run` reads only the last, and a streamed output per token per request
+            # was a sixth of the replica's CPU.
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
         return prompt_ids, params
 

@@ -317,6 +317,51 @@ def test_prompts_are_tokenised_off_the_event_loop(make_engine: Any, tiny_tokeniz
     assert len(tokenizer.encode_threads) == 2 and loop_thread not in tokenizer.encode_threads
 
 
+def test_a_prompt_sent_by_every_fork_is_tokenised_once_and_answered_once(make_engine: Any, tiny_tokenizer: Any) -> None:
+    """The forks of a decision send one prompt together: its ids come from the tokenizer once, and each
+    request asks vLLM for its final output only (no output per generated token)."""
+    from vllm.sampling_params import RequestOutputKind
+
+    tokenizer = ThreadRecordingTokenizer(tiny_tokenizer)
+    fake = FakeEngine()
+    seen: list[Any] = []
+    generate = fake.generate
+
+    def recording(prompt: Any, params: Any, request_id: str, lora_request: Any = None) -> AsyncIterator[Any]:
+        seen.append((list(prompt["prompt_token_ids"]), params.output_kind))
+        return generate(prompt, params, request_id, lora_request)
+
+    fake.generate = recording  # type: ignore[method-assign]
+    engine = make_engine(fake, tokenizer=tokenizer)
+    prompt = "A PAR - BUR ; F BRE - MAO"
+
+    async def scenario() -> list[Any]:
+        same = await engine.generate([request("base", prompt) for _ in range(4)])
+        other = await engine.generate_one(request("base", prompt + " ; A MAR H"))
+        return [*same, other]
+
+    results = asyncio.run(scenario())
+    assert [r.error for r in results] == [None] * 5
+    assert len(tokenizer.encode_threads) == 2  # the shared prompt once, the other once
+    ids = list(tiny_tokenizer.encode(prompt))
+    assert [s[0] for s in seen[:4]] == [ids] * 4 and seen[4][0] == list(tiny_tokenizer.encode(prompt + " ; A MAR H"))
+    assert {s[1] for s in seen} == {RequestOutputKind.FINAL_ONLY}
+
+
+def test_the_prompt_cache_keeps_the_latest_prompts_only(
+    make_engine: Any, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import diprl.inference.policy_engine as policy_engine
+
+    monkeypatch.setattr(policy_engine, "PROMPT_CACHE_SIZE", 2)
+    tokenizer = ThreadRecordingTokenizer(tiny_tokenizer)
+    engine = make_engine(FakeEngine(), tokenizer=tokenizer)
+    for prompt in ["A PAR H", "A MAR H", "A PAR H", "A BUR H", "A MAR H", "A BUR H"]:
+        assert engine._encode(prompt) == tuple(tiny_tokenizer.encode(prompt))
+    # PAR, MAR, (PAR kept), BUR evicts MAR, MAR again evicts PAR, BUR kept: four tokenisations.
+    assert len(tokenizer.encode_threads) == 4 and len(engine._prompt_ids) == 2
+
+
 def http_app(engine: PolicyEngine, max_body_bytes: int = 4096, max_ongoing: int = 2) -> tuple[FastAPI, Any]:
     route = CompletionsRoute(engine.generate_one, max_body_bytes, max_ongoing)
     app = FastAPI()
