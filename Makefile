@@ -31,12 +31,15 @@ install: system-packages $(STAMP)
 # Debian packages some tests need: strace, iproute2 and util-linux for the loopback-only network audit
 # (diprl.netaudit); chromium and chromium-driver for the web app's browser tests (tests/web); openssh-server
 # and rsync for `ray up` over real SSH (tests/test_ray_up.py); prometheus for the cluster's metrics
-# (tests/test_prometheus.py). Installed when missing and this is root with apt-get; otherwise named.
+# (tests/test_prometheus.py); libtcmalloc-minimal4, the allocator the CPU engine core is started with
+# (inference.preload_tcmalloc, docs/benchmarks.md). Installed when missing and this is root with apt-get;
+# otherwise named.
 SYSTEM_TOOLS := strace ip unshare chromium chromedriver sshd ssh-keygen rsync prometheus
-SYSTEM_PACKAGES := strace iproute2 util-linux chromium chromium-driver openssh-server openssh-client rsync prometheus
+SYSTEM_PACKAGES := strace iproute2 util-linux chromium chromium-driver openssh-server openssh-client rsync prometheus libtcmalloc-minimal4
 system-packages:
 	@mkdir -p $(TMPDIR)  # exported above: package scripts (openssh-server's postinst) mktemp in it
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal || missing="$$missing libtcmalloc"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES); \
