@@ -1,12 +1,14 @@
-"""Does preloading an OpenMP runtime or an allocator speed the CPU engine up? Measured, not assumed.
+"""Does preloading an allocator (or an OpenMP runtime) speed the CPU engine up? Measured, not assumed.
 
-    python -m diprl.bench preload [--rounds 3] [--requests 48] [--quiet] [--verbose]
+    python -m diprl.bench preload [--rounds 3] [--requests 48] [--with-iomp] [--quiet] [--verbose]
 
 vLLM's CPU worker warns when libtcmalloc and Intel's OpenMP runtime (libiomp5) are not in `LD_PRELOAD`,
 the first advice of its CPU guide. A library preloaded must be there before the process starts, so the
 comparison cannot share one process: each round runs the same workload in two child processes, one plain
-and one with the libraries found here preloaded, in alternating order (plain first in even rounds), so a
-machine that gets busier or quieter during the run weighs on both sides alike.
+and one with the libraries preloaded, in alternating order (plain first in even rounds), so a machine that
+gets busier or quieter during the run weighs on both sides alike. By default the preloaded side gets what a
+PolicyServer replica starts its engine core with (tcmalloc, `inference.preload_tcmalloc`); `--with-iomp`
+adds the environment's libiomp5.
 
 The workload is the inference benchmark's first part: constrained mid-game order requests (temperature 1)
 through the bare vLLM engine of the tiny preset, tokens per second after a warm-up. Each child prints its
@@ -30,20 +32,22 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from diprl.console import add_console_flags, bar_enabled, progress_bar
+from diprl.inference.engine import find_tcmalloc
 
 RATE = re.compile(r"^tokens_per_s=(?P<rate>[0-9.]+)$", re.MULTILINE)
 
 
 def preload_libraries(
-    prefix: str = sys.prefix, find: Callable[[str], str | None] = ctypes.util.find_library
+    prefix: str = sys.prefix, find: Callable[[str], str | None] = ctypes.util.find_library, with_iomp: bool = False
 ) -> list[str]:
-    """The libraries vLLM's CPU guide advises preloading that this machine has: Intel's OpenMP runtime from
-    the environment's `lib` (the `intel-openmp` wheel puts it there), and tcmalloc wherever the loader finds it."""
+    """The libraries to preload that this machine has: tcmalloc wherever the loader finds it (what the engine
+    core is started with, `diprl.inference.engine.find_tcmalloc`), and with `with_iomp` Intel's OpenMP
+    runtime from the environment's `lib` (the `intel-openmp` wheel puts it there) before it."""
     found = []
     iomp = Path(prefix) / "lib" / "libiomp5.so"
-    if iomp.is_file():
+    if with_iomp and iomp.is_file():
         found.append(str(iomp))
-    tcmalloc = find("tcmalloc") or find("tcmalloc_minimal")
+    tcmalloc = find_tcmalloc(find)
     if tcmalloc:
         found.append(tcmalloc)
     return found
@@ -107,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diprl.bench preload", description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--with-iomp", action="store_true", help="also preload the environment's libiomp5")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     add_console_flags(parser)
     args = parser.parse_args(argv)
@@ -114,9 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _child(args.requests)
     if args.rounds < 1 or args.requests < 1:
         parser.error("--rounds and --requests must be at least 1")
-    preload = preload_libraries()
+    preload = preload_libraries(with_iomp=args.with_iomp)
     if not preload:
-        print("nothing to preload: neither libiomp5 in this environment nor libtcmalloc on this machine")
+        print("nothing to preload: no libtcmalloc on this machine (Debian's libtcmalloc-minimal4; make install)")
         return 1
     print(f"preload benchmark: {args.requests} constrained requests, bare vLLM CPU engine, tiny preset")
     print(f"preloaded: {':'.join(preload)}")

@@ -10,12 +10,13 @@ import pytest
 from diprl.bench import preload
 
 
-def test_it_preloads_the_environments_iomp_and_the_machines_tcmalloc_when_there(tmp_path: Path) -> None:
-    assert preload.preload_libraries(str(tmp_path), find=lambda name: None) == []
+def test_it_preloads_the_machines_tcmalloc_and_on_request_the_environments_iomp(tmp_path: Path) -> None:
+    assert preload.preload_libraries(str(tmp_path), find=lambda name: None, with_iomp=True) == []
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
     found = {"tcmalloc_minimal": "libtcmalloc_minimal.so.4"}
-    assert preload.preload_libraries(str(tmp_path), find=found.get) == [
+    assert preload.preload_libraries(str(tmp_path), find=found.get) == ["libtcmalloc_minimal.so.4"]
+    assert preload.preload_libraries(str(tmp_path), find=found.get, with_iomp=True) == [
         str(tmp_path / "lib" / "libiomp5.so"),
         "libtcmalloc_minimal.so.4",
     ]
