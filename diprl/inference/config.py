@@ -80,7 +80,7 @@ class ServerConfig:
     seed: int = 0
     engine_extra: dict[str, Any] = field(default_factory=dict)
     # On CPU, start the engine core with tcmalloc preloaded where the machine has it (`make install` installs
-    # Debian's libtcmalloc-minimal4): 1.2-1.7 times the tokens a second (docs/benchmarks.md, "Preloaded runtimes").
+    # Debian's libtcmalloc-minimal4): 1.22 times the bare engine's tokens a second (docs/benchmarks.md).
     preload_tcmalloc: bool = True
     # Ray Serve
     name: str = "policy"  # the Serve application and its deployment; one per run on a shared cluster

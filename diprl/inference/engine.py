@@ -99,8 +99,8 @@ def engine_core_preload(
     """Inside this block, processes started from this one preload tcmalloc (`LD_PRELOAD`); yields its name.
 
     vLLM's `AsyncLLM` runs its engine core in a process of its own, started (spawned) inside
-    `from_engine_args`: with tcmalloc preloaded there the CPU engine generated 1.2-1.7 times the tokens a
-    second of glibc's allocator (docs/benchmarks.md, "Preloaded runtimes"). A preload must be in the
+    `from_engine_args`: with tcmalloc preloaded there the bare CPU engine generated 1.22 times the tokens
+    a second of glibc's allocator (docs/benchmarks.md, "Preloaded runtimes"). A preload must be in the
     environment when a process starts, so this sets it for the block and restores it after: the replica
     itself keeps its allocator. Only on the CPU platform (`on_cpu`), and only when `enabled`
     (`inference.preload_tcmalloc`); a machine without the library is told how to get it.
@@ -195,14 +195,7 @@ class Generation:
 
 
 def sampling_params(request: OrderRequest, temperature: float, max_tokens: int, **overrides: Any) -> Any:
-    """Sampling exactly as the learner assumes it: plain temperature sampling, no top-p/top-k.
-
-    No vLLM per-request seed: the CPU build cannot use seeded per-request generators with chunked
-    prefill ("CPU Generator does not use offset"). A request's `sample_seed` is drawn in our logits
-    processor instead (`diprl.policy.sampling`), independent of the rest of the batch.
-    """
-    from vllm import SamplingParams
-
+    """Sampling exactly as the learner assumes it, for an `OrderRequest` (`order_sampling_params`)."""
     from diprl.inference.logits_processor import constraint_args
 
     extra = (
@@ -210,6 +203,19 @@ def sampling_params(request: OrderRequest, temperature: float, max_tokens: int, 
         if request.constrained
         else None
     )
+    return order_sampling_params(temperature, max_tokens, extra, **overrides)
+
+
+def order_sampling_params(temperature: float, max_tokens: int, extra: dict[str, Any] | None, **overrides: Any) -> Any:
+    """Sampling exactly as the learner assumes it: plain temperature sampling, no top-p/top-k, the sampled
+    token's own logprob; `extra` carries the order constraint's arguments (`constraint_args`) or None.
+
+    No vLLM per-request seed: the CPU build cannot use seeded per-request generators with chunked
+    prefill ("CPU Generator does not use offset"). A request's `sample_seed` is drawn in our logits
+    processor instead (`diprl.policy.sampling`), independent of the rest of the batch.
+    """
+    from vllm import SamplingParams
+
     return SamplingParams(
         temperature=temperature,
         top_p=1.0,

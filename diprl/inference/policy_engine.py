@@ -34,7 +34,7 @@ from diprl.inference.adapters import BASE, AdapterError, AdapterStore, AdapterVe
 from diprl.inference.canary import CANARY_FILE, Canary, CanaryMismatch, CorruptCanary, ReplicaCanaries
 from diprl.inference.concurrency import Occupancy
 from diprl.inference.config import ServerConfig
-from diprl.inference.engine import sampled_logprobs, start_async_engine
+from diprl.inference.engine import order_sampling_params, sampled_logprobs, start_async_engine
 from diprl.inference.engine_adapters import EngineAdapters
 from diprl.inference.engine_adapters import error_text as _error
 from diprl.inference.logits_processor import constraint_args
@@ -186,7 +186,6 @@ class PolicyEngine:
 
     def prepare(self, request: ValidRequest) -> tuple[list[int], Any]:
         """Token ids and sampling parameters for a valid request; raises `RequestError`."""
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         if isinstance(request.prompt, str):
@@ -201,17 +200,10 @@ class PolicyEngine:
             reasoning = request.reasoning_max_tokens
             self._check_constraint(request.legal, None if reasoning is None else ReasoningOptions(max_tokens=reasoning))
             extra = constraint_args(request.legal, reasoning, request.sample_seed)
-        params = SamplingParams(
-            temperature=request.temperature,
-            top_p=1.0,
-            top_k=0,
-            max_tokens=request.max_tokens,
-            logprobs=0,
-            skip_special_tokens=True,
-            extra_args=extra,
-            # One output at the end: `_run` reads only the last, and a streamed output per token per request
-            # was a sixth of the replica's CPU.
-            output_kind=RequestOutputKind.FINAL_ONLY,
+        # One output at the end: `_run` reads only the last, and a streamed output per token per request
+        # was a sixth of the replica's CPU.
+        params = order_sampling_params(
+            request.temperature, request.max_tokens, extra, output_kind=RequestOutputKind.FINAL_ONLY
         )
         return prompt_ids, params
 
