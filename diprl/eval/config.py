@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diprl.game import DEFAULT_MAX_YEAR
+from diprl.rollout.search import SearchConfig
 from diprl.structured_config import compose_structured, option_lines
 
 SCHEMA_NAME = "evaluate_schema"
@@ -54,7 +55,9 @@ class GamesConfig:
     re-draws the LLM's samples on the same games (the noise floor of a paired comparison). None leaves
     sampling to the engine (not reproducible). The first `replays` games are written as replay JSON,
     SVG frames and an HTML viewer. `critical_supports` re-adjudicates each successful hero support (a
-    few ms each) to tell critical from redundant ones.
+    few ms each) to tell critical from redundant ones. `search` (off by default: `search.candidates=0`) has
+    an LLM hero decide its movement phases by one-ply search over its own samples, the others' orders
+    modelled by its own policy (`diprl.rollout.search`); opponents and rule bots never search.
     """
 
     games: int = 140  # a multiple of 7 rotates the hero over every power equally
@@ -65,6 +68,7 @@ class GamesConfig:
     sampling_seed: int | None = 0  # LLM seats' sample stream (same games, other samples); null: the engine's
     replays: int = 0  # write replay JSON, SVG frames and an HTML viewer for the first N games
     critical_supports: bool = True  # re-adjudicate hero supports to find critical ones
+    search: SearchConfig = field(default_factory=SearchConfig)  # the LLM hero's one-ply search; candidates=0: off
 
     def __post_init__(self) -> None:
         check_max_year(self.max_year)
@@ -78,6 +82,8 @@ class GamesConfig:
             or not 0 <= self.temperature < math.inf
         ):
             raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
+        if not isinstance(self.search, SearchConfig):
+            raise TypeError(f"search must be a SearchConfig, got {type(self.search).__name__}")
         if self.sampling_seed is not None and (
             isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int) or self.sampling_seed < 0
         ):

@@ -238,7 +238,8 @@ def play_game(
     }
     stream = play.sampling_seed
     seeds = None if stream is None else functools.partial(_seat_seed, spec.seed, stream)
-    table = Table(game, spec.seats, bots, float(play.temperature), play.max_tokens, seeds)
+    searched = {spec.hero: play.search} if play.search.enabled and is_llm(spec.seats[spec.hero]) else {}
+    table = Table(game, spec.seats, bots, float(play.temperature), play.max_tokens, seeds, search=searched)
     measure = _Measure(spec, game)
     while not game.is_done:
         if before_phase is not None:
@@ -366,6 +367,8 @@ def run_suites(
         report["timing"]["llm_calls"] = stats.calls
         report["timing"]["llm_requests_all_suites"] = stats.requests
         report["timing"]["suites_in_one_run"] = len(configs)
+        report["timing"]["searches_all_suites"] = stats.searches
+        report["timing"]["search_changed_all_suites"] = stats.search_changed
         reports.append(report)
     return reports
 

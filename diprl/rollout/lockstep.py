@@ -36,6 +36,7 @@ from diprl.bots.base import Agent
 from diprl.game import DiplomacyGame, PhaseRecord
 from diprl.messages import Generation, GenerationRequest, LegalOrders, PolicyRef
 from diprl.policy.prompt import build_prompt
+from diprl.rollout.search import PendingSearch, SearchConfig, plan_search
 
 
 class PolicyClient(Protocol):
@@ -67,7 +68,8 @@ class Table:
     `seats` maps every power to its PolicyRef; powers in `bots` are decided by that rule agent, the
     others by the policy client. `sample_seed` (None: sampling left to the engine) seeds each LLM
     seat's request reproducibly from its power and phase; `temperature_of` (None: `temperature` for every
-    seat) gives each its temperature.
+    seat) gives each its temperature. LLM seats in `search` decide their movement phases by one-ply search
+    (`diprl.rollout.search`), its requests in the same call.
     """
 
     game: DiplomacyGame
@@ -77,6 +79,7 @@ class Table:
     max_tokens: int = 384
     sample_seed: SeedFn | None = None
     temperature_of: TemperatureFn | None = None
+    search: Mapping[str, SearchConfig] = field(default_factory=dict)
 
     def request(self, power: str) -> GenerationRequest:
         game = self.game
@@ -110,13 +113,27 @@ class PhaseOutcome:
 @dataclass
 class LockstepStats:
     """Counters of a lockstep run: steps (one per `play_phase`), policy calls, requests (the batch sizes a
-    client saw), game phases, seconds."""
+    client saw), game phases, searched decisions (and those where search played another answer than the
+    greedy one), seconds (a search's adjudications count as the engine's)."""
 
     steps: int = 0
     calls: int = 0
     requests: int = 0
     phases: int = 0
+    searches: int = 0
+    search_changed: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {"inference": 0.0, "engine": 0.0, "bots": 0.0})
+
+
+@dataclass(frozen=True)
+class _Seat:
+    """An LLM seat of one phase: its table, its power and its requests' span in the call (one, or a search's)."""
+
+    table: int
+    power: str
+    start: int
+    stop: int
+    search: PendingSearch | None
 
 
 def play_phase(
@@ -130,7 +147,7 @@ def play_phase(
     stats = stats if stats is not None else LockstepStats()
     orders: list[dict[str, list[str]]] = [{} for _ in tables]
     requests: list[GenerationRequest] = []
-    where: list[tuple[int, str]] = []
+    seats: list[_Seat] = []
     start = time.perf_counter()
     for k, table in enumerate(tables):
         if table.game.is_done:
@@ -139,15 +156,19 @@ def play_phase(
             bot = table.bots.get(power)
             if bot is not None:
                 orders[k][power] = bot.orders(table.game, power)
-            else:
-                requests.append(table.request(power))
-                where.append((k, power))
+                continue
+            request = table.request(power)
+            search = table.search.get(power)
+            pending = None if search is None else plan_search(table.game, power, request, search)
+            mine = [request] if pending is None else list(pending.requests)
+            seats.append(_Seat(k, power, len(requests), len(requests) + len(mine), pending))
+            requests += mine
     stats.seconds["bots"] += time.perf_counter() - start
     turns: list[dict[str, Turn]] = [{} for _ in tables]
     if requests:
         if client is None:
-            seats = sorted({r.policy for r in requests})
-            raise ValueError(f"LLM seats ({', '.join(seats)}) need a policy client")
+            names = sorted({r.policy for r in requests})
+            raise ValueError(f"LLM seats ({', '.join(names)}) need a policy client")
         start = time.perf_counter()
         answers = client.generate(requests)
         stats.seconds["inference"] += time.perf_counter() - start
@@ -155,10 +176,19 @@ def play_phase(
             raise RuntimeError(f"the policy client answered {len(answers)} of {len(requests)} requests")
         stats.calls += 1
         stats.requests += len(requests)
-        for (k, power), request, answer in zip(where, requests, answers, strict=True):
+        start = time.perf_counter()
+        for seat in seats:
+            request, answer = requests[seat.start], answers[seat.start]
+            if seat.search is not None:
+                outcome = seat.search.choose(answers[seat.start : seat.stop])
+                answer = outcome.answer
+                stats.searches += 1
+                stats.search_changed += outcome.changed
             assert request.legal is not None
-            turns[k][power] = Turn(phase=tables[k].game.phase, legal=request.legal, answer=answer)
-            orders[k][power] = list(answer.orders)  # the game layer fills defaults and reports issues
+            phase = tables[seat.table].game.phase
+            turns[seat.table][seat.power] = Turn(phase=phase, legal=request.legal, answer=answer)
+            orders[seat.table][seat.power] = list(answer.orders)  # the game layer fills defaults, reports issues
+        stats.seconds["engine"] += time.perf_counter() - start  # a search's adjudications
     start = time.perf_counter()
     records = [table.game.step(orders[k]) for k, table in enumerate(tables)]
     stats.seconds["engine"] += time.perf_counter() - start

@@ -93,6 +93,8 @@ def test_a_hero_whose_every_request_failed_keeps_its_report_and_exits_1(
         (["policy=bot:dumbbot", "crossplay=[bot:random]"], "at least two"),
         (["policy=main@v3", "adapters=ADAPTERS"], "not a published adapter"),
         (["policy=base", "server=nowhere"], "unknown inference config"),
+        (["policy=base", "search.candidates=-1"], "search.candidates must be an integer >= 0"),
+        (["policy=base", "search.depth=2"], "search.depth"),
     ],
 )
 def test_bad_options_fail_before_anything_starts(
@@ -122,6 +124,7 @@ def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_the_command_lines_games_keys_reach_every_suite(tmp_path: Path) -> None:
     from diprl.eval.config import GamesConfig, load_evaluate_config
+    from diprl.rollout.search import SearchConfig
 
     argv = [
         "policy=bot:dumbbot",
@@ -134,6 +137,8 @@ def test_the_command_lines_games_keys_reach_every_suite(tmp_path: Path) -> None:
     ]
     plan = evaluate.make_plan(load_evaluate_config([*argv, "crossplay=[bot:random,bot:hold]", "crossplay_games=1"]))
     assert plan.suite.play == GamesConfig(games=14, max_year=1903, seed=2, temperature=0.0, replays=2)
+    searched = evaluate.make_plan(load_evaluate_config([*argv, "search.candidates=6", "search.opponent_samples=3"]))
+    assert searched.suite.play.search == SearchConfig(candidates=6, opponent_samples=3)
     assert plan.suite.replay_dir == str(tmp_path / "replays")
     # Crossplay pairs play crossplay_games each, the same years and seeds, and write no replays.
     assert [c.play for c in plan.crossplay] == [GamesConfig(games=1, max_year=1903, seed=2, temperature=0.0)] * 2

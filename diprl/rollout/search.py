@@ -1,0 +1,159 @@
+"""One-ply search at a seat: the policy proposes, the same policy predicts the others, the engine judges.
+
+A searched seat does not play its policy's first answer. In a movement phase it asks its policy for its
+greedy order set (the seat's normal request) and `candidates` more sampled ones, and asks the SAME policy
+what each other power would order, `opponent_samples` joint samples of all of them. Every distinct
+candidate is adjudicated by the engine against every sampled joint profile (a fork of the game per pair)
+and scored by `position_value`; the candidate with the best mean is played, the greedy one on a tie.
+Retreats and adjustments are played as the policy answers them.
+
+Nothing here looks at who actually sits in the other seats: the opponents are modelled by the seat's own
+policy, never by the bots it meets, so a searched policy that beats DumbBot beats it without asking it.
+All the requests of a searched seat go into the lockstep's one generation call per phase, beside every
+other seat of every game, so search costs batch width, not calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from diprl.game import DiplomacyGame
+from diprl.game.legal import PhaseKind
+from diprl.game.mapgraph import map_graph
+from diprl.messages import Generation, GenerationRequest
+from diprl.policy.prompt import build_prompt
+
+OPPONENT_STREAM = 1_000
+"""Sample streams of the opponent model's requests start here; the candidates' take 1..candidates."""
+
+
+@dataclass
+class SearchConfig:
+    """How a searched seat decides a movement phase (`candidates` 0: no search, the policy's answer).
+
+    Each decision costs 1 + `candidates` + `opponent_samples` x (other powers) requests in the phase's one
+    generation call, and up to (1 + `candidates`) x `opponent_samples` adjudications of ~5 ms each.
+    `unit_weight` prices a unit against a centre in `position_value`.
+    """
+
+    candidates: int = 0  # sampled order sets besides the greedy one; 0: no search
+    opponent_samples: int = 4  # joint samples of the other powers' orders, from the seat's own policy
+    temperature: float = 1.0  # of the sampled candidates and of the opponent model's samples
+    unit_weight: float = 0.3  # a unit's worth in centres in the position's value
+
+    def __post_init__(self) -> None:
+        for name in ("candidates", "opponent_samples"):
+            value = getattr(self, name)
+            low = 0 if name == "candidates" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"search.{name} must be an integer >= {low}, got {value!r}")
+        for name in ("temperature", "unit_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ValueError(f"search.{name} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.candidates > 0
+
+
+def derived_seed(seed: int, stream: int) -> int:
+    """A sampling seed of its own for stream `stream` of the request seeded `seed` (63 bits, stable)."""
+    digest = hashlib.sha256(f"search:{seed}:{stream}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _province(unit: str) -> str:
+    """'F STP/SC' -> 'STP'."""
+    return unit.split()[1].split("/")[0]
+
+
+def position_value(game: DiplomacyGame, power: str, unit_weight: float) -> float:
+    """The centres `power` would own if units stayed where they stand, plus `unit_weight` a unit.
+
+    A centre counts when `power` owns it and no other power's unit stands on it, or when a unit of
+    `power` stands on it: after a fall move that is the next count exactly (dislodged units stand
+    nowhere); after a spring move, what the fall would confirm if nobody moved.
+    """
+    standing = {_province(unit): other for other in game.powers for unit in game.units(other)}
+    owned = set(game.centres(power))
+    held = sum(1 for centre in owned if standing.get(centre, power) == power)
+    taken = sum(1 for centre in map_graph().supply_centres - owned if standing.get(centre) == power)
+    return held + taken + unit_weight * len(game.units(power))
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What a search chose: the answer played, how many distinct candidates it weighed, and whether it
+    played something else than the greedy answer."""
+
+    answer: Generation
+    candidates: int
+    changed: bool
+
+
+@dataclass(frozen=True)
+class PendingSearch:
+    """One searched seat's requests in the phase's call; `choose` turns their answers into the decision."""
+
+    game: DiplomacyGame
+    power: str
+    config: SearchConfig
+    requests: tuple[GenerationRequest, ...]
+    others: tuple[str, ...]  # the powers modelled, in the order of their samples in `requests`
+
+    def choose(self, answers: Sequence[Generation]) -> SearchOutcome:
+        """The candidate with the best mean value over the sampled profiles (the greedy one first on ties)."""
+        if len(answers) != len(self.requests):
+            raise ValueError(f"a search needs {len(self.requests)} answers, got {len(answers)}")
+        n = 1 + self.config.candidates
+        greedy = answers[0]
+        candidates: list[Generation] = []
+        seen: set[tuple[str, ...]] = set()
+        for answer in answers[:n]:
+            key = tuple(sorted(answer.orders))
+            if answer.error is None and key not in seen:
+                seen.add(key)
+                candidates.append(answer)
+        profiles: list[dict[str, list[str]]] = [{} for _ in range(self.config.opponent_samples)]
+        samples = iter(answers[n:])
+        for other in self.others:
+            for profile in profiles:
+                profile[other] = list(next(samples).orders)  # a failed sample holds (the game's defaults)
+        if len(candidates) < 2:
+            return SearchOutcome(greedy, len(candidates), False)
+        best, best_value = candidates[0], -math.inf
+        for candidate in candidates:
+            total = 0.0
+            for profile in profiles:
+                fork = self.game.fork()
+                fork.step({**profile, self.power: list(candidate.orders)})
+                total += position_value(fork, self.power, self.config.unit_weight)
+            mean = total / len(profiles)
+            if mean > best_value + 1e-9:
+                best, best_value = candidate, mean
+        return SearchOutcome(best, len(candidates), best is not greedy)
+
+
+def plan_search(
+    game: DiplomacyGame, power: str, greedy: GenerationRequest, config: SearchConfig
+) -> PendingSearch | None:
+    """The requests of a search of `power`'s decision, its own request `greedy` first; None where the
+    phase is not a movement phase (the seat then plays its request's answer)."""
+    if not config.enabled or game.legal_orders(power).kind is not PhaseKind.MOVEMENT:
+        return None
+
+    def seeded(stream: int) -> int | None:
+        return None if greedy.sample_seed is None else derived_seed(greedy.sample_seed, stream)
+
+    sampled = replace(greedy, temperature=config.temperature)
+    requests = [greedy] + [replace(sampled, sample_seed=seeded(j)) for j in range(1, 1 + config.candidates)]
+    others = tuple(p for p in game.orderable_powers() if p != power)
+    for i, other in enumerate(others):
+        model = replace(sampled, prompt=build_prompt(game, other).text, legal=game.legal_orders(other).to_dict())
+        first = OPPONENT_STREAM + i * config.opponent_samples
+        requests += [replace(model, sample_seed=seeded(first + j)) for j in range(config.opponent_samples)]
+    return PendingSearch(game, power, config, tuple(requests), others)
