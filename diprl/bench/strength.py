@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from diprl.eval.config import EvaluateConfig
 from diprl.eval.stats import interval_text, paired_gain, summary_text
 from diprl.eval.suite import SuiteConfig, centres_at_year
+from diprl.rollout.search import SearchConfig
 
 SEED = 12345
 """The training runs' evaluation seed (`evaluation.seed`): the first 112 games are the learning bench's."""
@@ -42,12 +43,18 @@ LAST_LINE = ("policy_vs_dumbbot", "dumbbot_vs_dumbbot", "teacher_gap", "teacher_
 
 
 def suites(
-    policy: str, games: int = GAMES, full_games: int = FULL_GAMES, temperature: float = 0.0
+    policy: str,
+    games: int = GAMES,
+    full_games: int = FULL_GAMES,
+    temperature: float = 0.0,
+    search: SearchConfig | None = None,
 ) -> list[SuiteConfig]:
-    """The suites in `SUITES` order (the full games left out when `full_games` is 0)."""
+    """The suites in `SUITES` order (the full games left out when `full_games` is 0); `search` (enabled) has
+    the policy search its movement phases wherever it is the hero (DumbBot's suite is DumbBot's alone)."""
     play = EvaluateConfig(
-        policy=policy, games=games, max_year=MAX_YEAR, seed=SEED, temperature=temperature
-    ).games_config()
+        policy=policy, games=games, max_year=MAX_YEAR, seed=SEED, temperature=temperature,
+        search=search or SearchConfig(),
+    ).games_config()  # fmt: skip
     out = [
         SuiteConfig(policy=policy, opponents=[DUMBBOT], play=play, label="policy vs 6 DumbBot"),
         SuiteConfig(policy=DUMBBOT, opponents=[DUMBBOT], play=play, label="DumbBot vs 6 DumbBot"),
@@ -149,6 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--games", type=int, default=GAMES, help="games to 1906 per suite (a multiple of 7)")
     parser.add_argument("--full-games", type=int, default=FULL_GAMES, help="games to 1935; 0 skips them")
     parser.add_argument("--out", default="runs/bench/strength")
+    parser.add_argument(
+        "--search",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the policy searches its movement phases over K sampled candidates besides its greedy one (0: off)",
+    )
+    parser.add_argument(
+        "--opponent-samples",
+        type=int,
+        default=SearchConfig.opponent_samples,
+        metavar="M",
+        help="with --search: joint samples of the other powers' orders, drawn from the policy itself",
+    )
     args = parser.parse_args(argv)
 
     from diprl.atomic_io import write_json_atomic
@@ -162,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(config)  # the policy, the served model and the adapters checked before anything starts
     except (ValueError, OSError) as err:
         parser.error(str(err))
-    configs = suites(args.policy, args.games, args.full_games)
+    try:
+        search = SearchConfig(candidates=args.search, opponent_samples=args.opponent_samples)
+    except ValueError as err:
+        parser.error(str(err))
+    configs = suites(args.policy, args.games, args.full_games, search=search)
     context = local_policy_client(plan.config) if plan.llm_refs else contextlib.nullcontext(None)
     with context as client:
         reports = run_suites(configs, client, progress=True)
@@ -170,9 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     write_json_atomic(
         out / "strength.json",
-        {"policy": args.policy, "served_model": plan.config.served_model, "summary": summary,
+        {"policy": args.policy, "served_model": plan.config.served_model, "search": asdict(search), "summary": summary,
          "suites": dict(zip(SUITES, reports, strict=False))},
         indent=1,
     )  # fmt: skip
+    if search.enabled:
+        timing = reports[0]["timing"]
+        print(
+            f"search: {search.candidates} candidates besides the greedy one, {search.opponent_samples} samples of the "
+            f"others from the policy itself; {timing['search_changed_all_suites']} of {timing['searches_all_suites']} "
+            "searched decisions played another answer than the greedy one"
+        )
     print("\n".join(summary_lines(summary)))
     return 0

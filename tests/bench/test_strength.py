@@ -13,6 +13,7 @@ import pytest
 from diprl.bench.__main__ import main
 from diprl.bench.strength import FULL_MAX_YEAR, MAX_YEAR, SEED, suites, summarize, summary_lines
 from diprl.eval.suite import game_specs
+from diprl.rollout.search import SearchConfig
 
 
 def test_the_teacher_plays_the_policys_seats_of_the_same_games() -> None:
@@ -90,3 +91,15 @@ def test_a_bots_only_run_prints_the_teacher_gap_line(tmp_path: Path, capsys: pyt
     assert saved["summary"]["teacher_gap"] == 0.0 and set(saved["suites"]) == {
         "policy_vs_dumbbot", "dumbbot_vs_dumbbot", "policy_vs_random"
     }  # fmt: skip
+
+
+def test_search_is_the_policys_alone_and_a_bad_setting_stops_the_bench(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = SearchConfig(candidates=3, opponent_samples=2)
+    configs = suites("main@v3", games=7, full_games=7, search=search)
+    assert all(c.play.search == search for c in configs)  # DumbBot's suite has it too, and never uses it
+    assert suites("main@v3", games=7)[0].play.search == SearchConfig()  # off unless asked for
+    with pytest.raises(SystemExit) as stop:
+        main(["strength", "--policy", "bot:dumbbot", "--search", "-1", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "search.candidates must be an integer >= 0" in capsys.readouterr().err
