@@ -157,7 +157,7 @@ def local_policy_client(config: EvaluateConfig) -> Iterator[PolicyClient]:
     with ray_session(address="local", num_cpus=config.ray_cpus or None, **ray_init_options(config.verbose)):
         print(f"starting the PolicyServer ({config.server}, adapters {server.adapter_root})", file=sys.stderr)
         with serving(server):
-            yield ServeClient(app_name=server.name, deployment=server.name)
+            yield ServeClient(app_name=server.name, deployment=server.name, max_batch=server.max_batch)
 
 
 def run(plan: Plan, client: PolicyClient | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diprl.game.legal import PowerOrders
+from diprl.inference.config import ServerConfig
 from diprl.messages import Generation, GenerationRequest
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.parser import legal_complete, parse_orders
@@ -40,12 +41,25 @@ def make_client(kind: str, serve_app: str = "policy", model: str = "tiny", seed:
 
 
 class ServeClient:
-    """Calls the PolicyServer through its deployment handle (what rollout workers use)."""
+    """Calls the PolicyServer through its deployment handle (what rollout workers use).
 
-    def __init__(self, app_name: str = "policy", deployment: str | None = None, timeout_s: float = 600.0) -> None:
+    A batch larger than the server's `max_batch` (a lockstep phase of many searched seats) goes out as
+    several calls of at most `max_batch` requests, all in flight at once, answers kept in request order.
+    """
+
+    def __init__(
+        self,
+        app_name: str = "policy",
+        deployment: str | None = None,
+        timeout_s: float = 600.0,
+        max_batch: int = ServerConfig.max_batch,
+    ) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.app_name = app_name
         self.deployment = deployment or app_name  # `serve_policy` names the application and its deployment alike
         self.timeout_s = timeout_s
+        self.max_batch = max_batch
         self._handle: Any = None
 
     @property
@@ -59,7 +73,10 @@ class ServeClient:
         return self._handle
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        return list(self.handle.generate.remote(list(requests)).result(timeout_s=self.timeout_s))
+        batch = list(requests)
+        chunks = [batch[i : i + self.max_batch] for i in range(0, len(batch), self.max_batch)] or [batch]
+        calls = [self.handle.generate.remote(chunk) for chunk in chunks]
+        return [answer for call in calls for answer in call.result(timeout_s=self.timeout_s)]
 
 
 class UniformConstrainedClient:
