@@ -29,7 +29,16 @@ from diprl.web import games as games_mod
 from diprl.web import runs as runs_mod
 from diprl.web.auth import SecurityHeaders, origin_guard, token_guard
 from diprl.web.league_view import NoLeague, crossplay_reports, league_view
-from diprl.web.play import ClientFor, PlayError, PlayRoom, PlaySession, bot_names, check_setup, powers
+from diprl.web.play import (
+    SEARCH,
+    ClientFor,
+    PlayError,
+    PlayRoom,
+    PlaySession,
+    bot_names,
+    check_setup,
+    powers,
+)
 
 HERE = Path(__file__).resolve().parent
 ORDER_FIELD = "order:"  # form field of one location's order in the play form: order:<loc>
@@ -242,6 +251,7 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
             powers=powers(),
             choices=seat_choices(path),
             sessions=games,
+            search=SEARCH,
         )
 
     @app.post("/play")
@@ -257,7 +267,11 @@ def create_app(config: WebConfig, client_for: ClientFor) -> FastAPI:
             max_year = int(fields.get("max_year", "1901"))
         except ValueError:
             raise PlayError(f"the last year must be a number, got {fields.get('max_year', '')[:20]!r}") from None
-        setup = check_setup(human, seats, max_year, name, path / "adapters" if path is not None else None)
+        try:
+            search = int(fields.get("search", "0") or "0")
+        except ValueError:
+            raise PlayError(f"search must be a number of candidates, got {fields.get('search', '')[:20]!r}") from None
+        setup = check_setup(human, seats, max_year, name, path / "adapters" if path is not None else None, search)
         session = await _in_thread(room.start, setup)
         return RedirectResponse(f"/play/{session.game_id}", status_code=303)
 

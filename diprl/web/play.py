@@ -33,12 +33,15 @@ from diprl.game import DiplomacyGame, PhaseKind, PhaseRecord, PowerOrders
 from diprl.messages import PolicyRef, UnknownPolicyRef
 from diprl.rollout.clients import PolicyClient
 from diprl.rollout.lockstep import Table, play_phase
+from diprl.rollout.search import SearchConfig
 from diprl.web.runs import PLAY_DIR
 
 FIRST_YEAR = 1901
 MAX_YEAR = 1935
 TEMPERATURE = 1.0  # LLM seats sample as in training
 MAX_TOKENS = 384
+SEARCH = 8  # the candidates the form's "search" box asks each LLM seat to weigh
+MAX_SEARCH = 32
 
 ClientFor = Callable[[Path | None, str], PolicyClient]
 """Gives the policy client for LLM seats served from an adapter store (None: no adapters, `base` only), on a
@@ -94,6 +97,11 @@ class PlaySetup:
     run: str | None
     adapters: Path | None
     model: str = ""  # the model preset the zoo seats play on; "" without zoo seats
+    search: int = 0  # candidates each LLM seat searches its moves over (`diprl.rollout.search`); 0: its answer
+
+    @property
+    def search_config(self) -> SearchConfig:
+        return SearchConfig(candidates=self.search)
 
     @property
     def llm_seats(self) -> list[str]:
@@ -101,9 +109,11 @@ class PlaySetup:
 
 
 def check_setup(
-    human: str, seats: Mapping[str, str], max_year: int, run: str | None, adapters: Path | None
+    human: str, seats: Mapping[str, str], max_year: int, run: str | None, adapters: Path | None, search: int = 0
 ) -> PlaySetup:
     """Every choice checked before anything starts; `PlayError` names the first thing wrong."""
+    if isinstance(search, bool) or not isinstance(search, int) or not 0 <= search <= MAX_SEARCH:
+        raise PlayError(f"search takes 0 to {MAX_SEARCH} candidates, got {search!r}")
     if human not in powers():
         raise PlayError(f"unknown power {str(human)[:40]!r}; powers are {', '.join(powers())}")
     unknown = sorted(set(seats) - set(powers()))
@@ -119,7 +129,8 @@ def check_setup(
     refs = {power: check_ref(power, text, run, adapters) for power, text in seats.items()}
     model = _zoo_model(refs)
     # The checked refs, not the texts: `main@best` sits as the version it named when the game started.
-    return PlaySetup(human, {**{p: str(r) for p, r in refs.items()}, human: "human"}, max_year, run, adapters, model)
+    seated = {**{p: str(r) for p, r in refs.items()}, human: "human"}
+    return PlaySetup(human, seated, max_year, run, adapters, model, search)
 
 
 def _zoo_model(refs: Mapping[str, PolicyRef]) -> str:
@@ -303,7 +314,9 @@ class PlaySession:
         """Everyone's orders for the current phase, then one step (`diprl.rollout.lockstep.play_phase`, as in
         training and evaluation); nothing moves if a seat cannot answer."""
         game = self.game
-        table = Table(game, self.setup.seats, {**self.bots, self.human: _Chosen(human_orders)}, TEMPERATURE, MAX_TOKENS)
+        searched = {power: self.setup.search_config for power in self.setup.llm_seats} if self.setup.search else {}
+        bots = {**self.bots, self.human: _Chosen(human_orders)}
+        table = Table(game, self.setup.seats, bots, TEMPERATURE, MAX_TOKENS, search=searched)
         asked = [p for p in game.orderable_powers() if p not in table.bots]
         try:
             client = self.client_for(self.setup.adapters, self.setup.model) if asked else None
@@ -328,6 +341,7 @@ class PlaySession:
             "human": self.human,
             "seats": self.setup.seats,
             "max_year": self.setup.max_year,
+            "search": self.setup.search,
             "run": self.setup.run,
             "seed": self.seed,
             "created": self.created,

@@ -77,6 +77,8 @@ def _submit(http: TestClient, game_id: str, phase: str, chosen: dict[str, str]) 
         ({"run": "nope"}, "unknown run 'nope'"),
         ({"seat:ENGLAND": "zoo:nothing"}, "unknown zoo entry 'zoo:nothing'"),
         ({"seat:ENGLAND": "zoo:best", "seat:GERMANY": "base"}, "play on different servers"),
+        ({"search": "many"}, "search must be a number of candidates"),
+        ({"search": "99"}, "search takes 0 to 32 candidates"),
     ],
 )
 def test_a_bad_seat_power_year_or_run_starts_nothing(
@@ -188,6 +190,24 @@ def test_zoo_seats_are_answered_on_their_own_model(http: TestClient, clients: Fa
     assert adapters is None and {r.policy for r in requests} == {"zoo:best"}
     assert set(clients.models) == {session.setup.model}
     assert "zoo:best" in http.get("/play").text
+
+
+def test_searching_seats_send_their_whole_search_and_the_game_says_so(
+    http: TestClient, clients: FakePolicyClients
+) -> None:
+    response = http.post("/play", data=_form("FRANCE", 1901, "", ENGLAND="zoo:best") | {"search": "8"})
+    assert response.status_code == 303, response.text
+    game_id = str(response.headers["location"]).rsplit("/", 1)[1]
+    session = _session(http, game_id)
+    assert session.setup.search == 8 and session.meta()["search"] == 8
+    assert _submit(http, game_id, "S1901M", _moves(session)).status_code == 303  # type: ignore[attr-defined]
+    [(_, requests, _)] = clients.calls
+    # England's search: its own answer, 8 candidates, 4 samples of each of the six others, all from zoo:best.
+    assert len(requests) == 1 + 8 + 6 * 4 and {r.policy for r in requests} == {"zoo:best"}
+    assert session.game.history[0].orders["ENGLAND"]  # it played one of its candidates
+    page = _text(http.get(f"/play/{game_id}"))
+    assert "LLM seats search their moves: 8 candidates each" in page
+    assert 'name="search"' in _text(http.get("/play"))
 
 
 def test_a_server_that_cannot_answer_is_a_clear_error_and_the_phase_is_not_played(
