@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from diprl.game.legal import PowerOrders
-from diprl.inference.config import ServerConfig
 from diprl.messages import Generation, GenerationRequest
 from diprl.policy.constraint import OrderConstraint
 from diprl.policy.parser import legal_complete, parse_orders
@@ -22,6 +21,8 @@ from diprl.policy.vocab import TokenTable
 from diprl.rollout.lockstep import PolicyClient
 
 CLIENTS = ("serve", "uniform")
+SERVER_MAX_BATCH = 4096
+"""The PolicyServer's default `max_batch` (`ServerConfig`; rollout talks to the server, not its code)."""
 
 
 def make_client(kind: str, serve_app: str = "policy", model: str = "tiny", seed: int = 0) -> PolicyClient:
@@ -52,7 +53,7 @@ class ServeClient:
         app_name: str = "policy",
         deployment: str | None = None,
         timeout_s: float = 600.0,
-        max_batch: int = ServerConfig.max_batch,
+        max_batch: int = SERVER_MAX_BATCH,
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")

@@ -49,3 +49,9 @@ def test_a_batch_over_max_batch_goes_out_in_chunks_and_comes_back_in_order(n: in
 def test_a_bad_max_batch_is_refused(bad: Any) -> None:
     with pytest.raises(ValueError, match="max_batch"):
         ServeClient(max_batch=bad)
+
+
+def test_the_default_chunk_is_the_servers_default_batch() -> None:
+    from diprl.inference.config import ServerConfig
+
+    assert ServeClient().max_batch == ServerConfig().max_batch
