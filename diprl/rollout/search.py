@@ -123,8 +123,9 @@ class PendingSearch:
         for other in self.others:
             for profile in profiles:
                 profile[other] = list(next(samples).orders)  # a failed sample holds (the game's defaults)
-        if len(candidates) < 2:
-            return SearchOutcome(greedy, len(candidates), False)
+        if len(candidates) < 2:  # nothing to weigh: the one valid answer, or the greedy one if none is
+            chosen = candidates[0] if candidates else greedy
+            return SearchOutcome(chosen, len(candidates), chosen is not greedy)
         best, best_value = candidates[0], -math.inf
         for candidate in candidates:
             total = 0.0

@@ -119,6 +119,10 @@ def test_a_failed_candidate_is_never_played_and_a_short_answer_list_is_refused()
     assert outcome.answer is answers[0] and outcome.candidates == 1 and not outcome.changed
     with pytest.raises(ValueError, match="needs"):
         pending.choose(answers[:-1])
+    answers = ScriptedClient([HOLD_SPAIN, TAKE_PORTUGAL], _holds).generate(pending.requests)
+    answers[0] = Generation(policy="base", error="the replica failed")
+    outcome = pending.choose(answers)  # the greedy answer failed: the one valid candidate is played
+    assert outcome.answer is answers[1] and outcome.candidates == 1 and outcome.changed
 
 
 def test_the_requests_of_a_search_greedy_first_then_candidates_then_every_other_power() -> None:
