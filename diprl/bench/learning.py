@@ -223,7 +223,6 @@ def warm_start_evaluation(out: Path, model: str, play: GamesConfig) -> Path:
         made = json.loads(report_path.read_text())["config"]
         if {k: made.get(k) for k in wanted} == wanted:
             return report_path
-    options = [f"{key}={'null' if value is None else value}" for key, value in asdict(play).items()]
     config = load_evaluate_config(
         [
             f"policy={version}",
@@ -232,7 +231,7 @@ def warm_start_evaluation(out: Path, model: str, play: GamesConfig) -> Path:
             f"served_model={model}",
             f"out={where}",
             "progress=false",
-            *options,
+            *play.overrides(),
         ]
     )
     evaluate(make_plan(config))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,21 @@ class GamesConfig:
             isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int) or self.sampling_seed < 0
         ):
             raise ValueError(f"sampling_seed must be an integer >= 0 or None, got {self.sampling_seed!r}")
+
+    def overrides(self) -> list[str]:
+        """These games as command-line overrides (`games=112`, `search.candidates=8`, `sampling_seed=null`):
+        what hands them to `python -m diprl.evaluate` or `load_evaluate_config`."""
+
+        def lines(prefix: str, values: dict[str, Any]) -> list[str]:
+            out = []
+            for key, value in values.items():
+                if isinstance(value, dict):
+                    out += lines(f"{prefix}{key}.", value)
+                else:
+                    out.append(f"{prefix}{key}={'null' if value is None else value}")
+            return out
+
+        return lines("", asdict(self.games_config()))
 
     def games_config(self) -> GamesConfig:
         """The games part alone, from a config that extends this one (what a suite or the evaluator holds)."""

@@ -196,3 +196,15 @@ def test_a_zoo_entry_is_served_on_its_own_model_with_no_other_flag(tmp_path: Pat
         evaluate.make_plan(evaluate.load_evaluate_config(["policy=zoo:best", "served_model=tiny", out]))
     with pytest.raises(ValueError, match="unknown zoo entry"):
         evaluate.make_plan(evaluate.load_evaluate_config(["policy=zoo:nothing", out]))
+
+
+def test_games_handed_on_as_overrides_come_back_the_same() -> None:
+    from diprl.eval.config import GamesConfig, load_evaluate_config
+    from diprl.rollout.search import SearchConfig
+
+    play = GamesConfig(
+        games=14, max_year=1903, seed=5, temperature=0.0, sampling_seed=None,
+        search=SearchConfig(candidates=3, opponent_samples=2, unit_weight=0.5),
+    )  # fmt: skip
+    assert "search.candidates=3" in play.overrides() and "sampling_seed=null" in play.overrides()
+    assert load_evaluate_config(["policy=base", *play.overrides()]).games_config() == play
