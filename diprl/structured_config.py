@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -103,20 +103,30 @@ def too_small(config: object, names: Sequence[str], low: float, rule: str = "") 
     return [f"{name} must be {rule or f'>= {low}'}, got {value}" for name, value in values if not value >= low]
 
 
-def option_lines(defaults: DataclassInstance, names: Sequence[str] | None = None, prefix: str = "") -> list[str]:
-    """`  key=default` for the fields `names` of the dataclass `defaults` (all of them, in order, if None).
-
-    A field that is itself a dataclass is listed field by field, dotted (`data.games=400`), because that is
-    how its options are given on the command line.
-    """
-    lines = []
-    for name in names if names is not None else [f.name for f in fields(defaults)]:
-        value = getattr(defaults, name)
+def dotted_options(
+    config: DataclassInstance, names: Sequence[str] | None = None, prefix: str = ""
+) -> list[tuple[str, Any]]:
+    """(key, value) for the fields `names` of the dataclass `config` (all of them, in order, if None); a field that
+    is itself a dataclass is listed field by field, dotted (`data.games`), as its options are given on the command
+    line."""
+    items: list[tuple[str, Any]] = []
+    for name in names if names is not None else [f.name for f in fields(config)]:
+        value = getattr(config, name)
         if is_dataclass(value) and not isinstance(value, type):
-            lines += option_lines(value, prefix=f"{prefix}{name}.")
+            items += dotted_options(value, prefix=f"{prefix}{name}.")
         else:
-            lines.append(f"  {prefix}{name}={value}")
-    return lines
+            items.append((f"{prefix}{name}", value))
+    return items
+
+
+def option_lines(defaults: DataclassInstance, names: Sequence[str] | None = None) -> list[str]:
+    """`  key=default` for the fields `names` of the dataclass `defaults` (`dotted_options`), for `--help`."""
+    return [f"  {key}={value}" for key, value in dotted_options(defaults, names)]
+
+
+def overrides(config: DataclassInstance) -> list[str]:
+    """`config`'s fields as Hydra command-line overrides (`search.candidates=8`, None as `null`)."""
+    return [f"{key}={'null' if value is None else value}" for key, value in dotted_options(config)]
 
 
 @dataclass(frozen=True)

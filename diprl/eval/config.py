@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from diprl.game import DEFAULT_MAX_YEAR
 from diprl.rollout.search import SearchConfig
-from diprl.structured_config import compose_structured, option_lines
+from diprl.structured_config import compose_structured, option_lines, overrides
 
 SCHEMA_NAME = "evaluate_schema"
 
@@ -92,17 +92,7 @@ class GamesConfig:
     def overrides(self) -> list[str]:
         """These games as command-line overrides (`games=112`, `search.candidates=8`, `sampling_seed=null`):
         what hands them to `python -m diprl.evaluate` or `load_evaluate_config`."""
-
-        def lines(prefix: str, values: dict[str, Any]) -> list[str]:
-            out = []
-            for key, value in values.items():
-                if isinstance(value, dict):
-                    out += lines(f"{prefix}{key}.", value)
-                else:
-                    out.append(f"{prefix}{key}={'null' if value is None else value}")
-            return out
-
-        return lines("", asdict(self.games_config()))
+        return overrides(self.games_config())
 
     def games_config(self) -> GamesConfig:
         """The games part alone, from a config that extends this one (what a suite or the evaluator holds)."""
