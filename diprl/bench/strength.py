@@ -170,6 +170,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="M",
         help="with --search: joint samples of the other powers' orders, drawn from the policy itself",
     )
+    parser.add_argument(
+        "--reach-weight",
+        type=float,
+        default=SearchConfig.reach_weight,
+        metavar="W",
+        help="with --search: a centre one move from a free unit, in centres, in a position's value (0: unseen)",
+    )
+    parser.add_argument(
+        "--reach-moves",
+        type=int,
+        default=SearchConfig.reach_moves,
+        metavar="N",
+        help="with --reach-weight: centres up to N moves away are in reach, each move further at half the weight",
+    )
     args = parser.parse_args(argv)
 
     from diprl.atomic_io import write_json_atomic
@@ -184,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         parser.error(str(err))
     try:
-        search = SearchConfig(candidates=args.search, opponent_samples=args.opponent_samples)
+        search = SearchConfig(
+            candidates=args.search,
+            opponent_samples=args.opponent_samples,
+            reach_weight=args.reach_weight,
+            reach_moves=args.reach_moves,
+        )
     except ValueError as err:
         parser.error(str(err))
     configs = suites(args.policy, args.games, args.full_games, search=search)
@@ -203,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         timing = reports[0]["timing"]
         print(
             f"search: {search.candidates} candidates besides the greedy one, {search.opponent_samples} samples of the "
-            f"others from the policy itself; {timing['search_changed_all_suites']} of {timing['searches_all_suites']} "
+            f"others from the policy itself, reach weight {search.reach_weight} up to {search.reach_moves} moves; "
+            f"{timing['search_changed_all_suites']} of {timing['searches_all_suites']} "
             "searched decisions played another answer than the greedy one"
         )
     print("\n".join(summary_lines(summary)))

@@ -36,21 +36,25 @@ class SearchConfig:
 
     Each decision costs 1 + `candidates` + `opponent_samples` x (other powers) requests in the phase's one
     generation call, and up to (1 + `candidates`) x `opponent_samples` adjudications of ~5 ms each.
-    `unit_weight` prices a unit against a centre in `position_value`.
+    `unit_weight` prices a unit against a centre in `position_value`, `reach_weight` a centre one move
+    away (`centres_in_reach`): the spring move that prepares a fall capture. With `reach_moves` 2, a
+    centre two moves away counts too, at half that weight.
     """
 
     candidates: int = 0  # sampled order sets besides the greedy one; 0: no search
     opponent_samples: int = 4  # joint samples of the other powers' orders, from the seat's own policy
     temperature: float = 1.0  # of the sampled candidates and of the opponent model's samples
     unit_weight: float = 0.3  # a unit's worth in centres in the position's value
+    reach_weight: float = 0.0  # a centre in reach (one move from a free unit) in centres; 0: unseen
+    reach_moves: int = 1  # how many moves away a centre is in reach; each move further counts half
 
     def __post_init__(self) -> None:
-        for name in ("candidates", "opponent_samples"):
+        for name in ("candidates", "opponent_samples", "reach_moves"):
             value = getattr(self, name)
             low = 0 if name == "candidates" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"search.{name} must be an integer >= {low}, got {value!r}")
-        for name in ("temperature", "unit_weight"):
+        for name in ("temperature", "unit_weight", "reach_weight"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise ValueError(f"search.{name} must be a finite number >= 0, got {value!r}")
@@ -71,8 +75,11 @@ def _province(unit: str) -> str:
     return unit.split()[1].split("/")[0]
 
 
-def position_value(game: DiplomacyGame, power: str, unit_weight: float) -> float:
-    """The centres `power` would own if units stayed where they stand, plus `unit_weight` a unit.
+def position_value(
+    game: DiplomacyGame, power: str, unit_weight: float, reach_weight: float = 0.0, reach_moves: int = 1
+) -> float:
+    """The centres `power` would own if units stayed where they stand, plus `unit_weight` a unit and
+    `reach_weight` a centre in reach (`centres_in_reach`).
 
     A centre counts when `power` owns it and no other power's unit stands on it, or when a unit of
     `power` stands on it: after a fall move that is the next count exactly (dislodged units stand
@@ -80,9 +87,53 @@ def position_value(game: DiplomacyGame, power: str, unit_weight: float) -> float
     """
     standing = {_province(unit): other for other in game.powers for unit in game.units(other)}
     owned = set(game.centres(power))
-    held = sum(1 for centre in owned if standing.get(centre, power) == power)
-    taken = sum(1 for centre in map_graph().supply_centres - owned if standing.get(centre) == power)
-    return held + taken + unit_weight * len(game.units(power))
+    held = {centre for centre in owned if standing.get(centre, power) == power}
+    taken = {centre for centre in map_graph().supply_centres - owned if standing.get(centre) == power}
+    value = len(held) + len(taken) + unit_weight * len(game.units(power))
+    if reach_weight:
+        value += reach_weight * centres_in_reach(game, power, counted=held | taken, moves=reach_moves)
+    return value
+
+
+def centres_in_reach(game: DiplomacyGame, power: str, counted: set[str], moves: int = 1) -> float:
+    """How many centres outside `counted` `power`'s free units could each step onto at the next move,
+    one centre a unit (a maximum matching of units to centres); with `moves` > 1, the units left over
+    are then matched to the centres left over one move further, each such centre counting half as much.
+
+    A unit is free unless it stands on a centre `power` does not own yet: that one must stay for the
+    capture to count. What a one-phase value cannot see otherwise is exactly this: a spring move next
+    to a neutral centre scores nothing until the fall move onto it.
+    """
+    graph = map_graph()
+    owned = set(game.centres(power))
+    free = [unit for unit in game.units(power) if _province(unit) not in graph.supply_centres - owned]
+    targets = set(graph.supply_centres - counted)
+    total = 0.0
+    for distance in range(1, moves + 1):
+        options = [sorted(graph.provinces_within(unit, distance) & targets) for unit in free]
+        matched = _max_matching(options)
+        total += len(matched) * 0.5 ** (distance - 1)
+        targets -= set(matched)
+        free = [unit for i, unit in enumerate(free) if i not in matched.values()]
+    return total
+
+
+def _max_matching(options: Sequence[Sequence[str]]) -> dict[str, int]:
+    """A maximum matching of rows (each with the centres it may take) to centres: centre -> row."""
+    match: dict[str, int] = {}
+
+    def augment(i: int, visited: set[str]) -> bool:
+        for centre in options[i]:
+            if centre not in visited:
+                visited.add(centre)
+                if centre not in match or augment(match[centre], visited):
+                    match[centre] = i
+                    return True
+        return False
+
+    for i in range(len(options)):
+        augment(i, set())
+    return match
 
 
 @dataclass(frozen=True)
@@ -132,7 +183,9 @@ class PendingSearch:
             for profile in profiles:
                 fork = self.game.fork()
                 fork.step({**profile, self.power: list(candidate.orders)})
-                total += position_value(fork, self.power, self.config.unit_weight)
+                total += position_value(
+                    fork, self.power, self.config.unit_weight, self.config.reach_weight, self.config.reach_moves
+                )
             mean = total / len(profiles)
             if mean > best_value + 1e-9:
                 best, best_value = candidate, mean
