@@ -177,13 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar="W",
         help="with --search: a centre one move from a free unit, in centres, in a position's value (0: unseen)",
     )
-    parser.add_argument(
-        "--reach-moves",
-        type=int,
-        default=SearchConfig.reach_moves,
-        metavar="N",
-        help="with --reach-weight: centres up to N moves away are in reach, each move further at half the weight",
-    )
     args = parser.parse_args(argv)
 
     from diprl.atomic_io import write_json_atomic
@@ -202,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
             candidates=args.search,
             opponent_samples=args.opponent_samples,
             reach_weight=args.reach_weight,
-            reach_moves=args.reach_moves,
         )
     except ValueError as err:
         parser.error(str(err))
@@ -222,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         timing = reports[0]["timing"]
         print(
             f"search: {search.candidates} candidates besides the greedy one, {search.opponent_samples} samples of the "
-            f"others from the policy itself, reach weight {search.reach_weight} up to {search.reach_moves} moves; "
+            f"others from the policy itself, reach weight {search.reach_weight}; "
             f"{timing['search_changed_all_suites']} of {timing['searches_all_suites']} "
             "searched decisions played another answer than the greedy one"
         )

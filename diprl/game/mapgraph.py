@@ -30,10 +30,6 @@ class MapGraph:
         """Provinces a unit could move into (its own excluded)."""
         return _reachable(self.name, unit)
 
-    def provinces_within(self, unit: str, moves: int) -> frozenset[str]:
-        """Provinces a unit could reach in at most `moves` moves (its own excluded)."""
-        return _within(self.name, unit, moves)
-
     def distance_to(self, unit: str, targets: frozenset[str]) -> int:
         """Fewest moves for `unit` to reach any province in `targets` (large if unreachable)."""
         return _distance(self.name, unit, targets)
@@ -75,17 +71,6 @@ def map_graph(name: str = "standard") -> MapGraph:
 def _reachable(name: str, unit: str) -> frozenset[str]:
     g = map_graph(name)
     return frozenset(g.node_province[j] for j in g.neighbours[g.node_index[unit]])
-
-
-@lru_cache(maxsize=8192)
-def _within(name: str, unit: str, moves: int) -> frozenset[str]:
-    g = map_graph(name)
-    start = g.node_index[unit]
-    frontier, seen = {start}, {start}
-    for _ in range(moves):
-        frontier = {j for node in frontier for j in g.neighbours[node]} - seen
-        seen |= frontier
-    return frozenset(g.node_province[j] for j in seen) - {g.node_province[start]}
 
 
 @lru_cache(maxsize=65536)

@@ -37,8 +37,7 @@ class SearchConfig:
     Each decision costs 1 + `candidates` + `opponent_samples` x (other powers) requests in the phase's one
     generation call, and up to (1 + `candidates`) x `opponent_samples` adjudications of ~5 ms each.
     `unit_weight` prices a unit against a centre in `position_value`, `reach_weight` a centre one move
-    away (`centres_in_reach`): the spring move that prepares a fall capture. With `reach_moves` 2, a
-    centre two moves away counts too, at half that weight.
+    away (`centres_in_reach`): the spring move that prepares a fall capture.
     """
 
     candidates: int = 0  # sampled order sets besides the greedy one; 0: no search
@@ -46,10 +45,9 @@ class SearchConfig:
     temperature: float = 1.0  # of the sampled candidates and of the opponent model's samples
     unit_weight: float = 0.3  # a unit's worth in centres in the position's value
     reach_weight: float = 0.0  # a centre in reach (one move from a free unit) in centres; 0: unseen
-    reach_moves: int = 1  # how many moves away a centre is in reach; each move further counts half
 
     def __post_init__(self) -> None:
-        for name in ("candidates", "opponent_samples", "reach_moves"):
+        for name in ("candidates", "opponent_samples"):
             value = getattr(self, name)
             low = 0 if name == "candidates" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -75,9 +73,7 @@ def _province(unit: str) -> str:
     return unit.split()[1].split("/")[0]
 
 
-def position_value(
-    game: DiplomacyGame, power: str, unit_weight: float, reach_weight: float = 0.0, reach_moves: int = 1
-) -> float:
+def position_value(game: DiplomacyGame, power: str, unit_weight: float, reach_weight: float = 0.0) -> float:
     """The centres `power` would own if units stayed where they stand, plus `unit_weight` a unit and
     `reach_weight` a centre in reach (`centres_in_reach`).
 
@@ -91,14 +87,13 @@ def position_value(
     taken = {centre for centre in map_graph().supply_centres - owned if standing.get(centre) == power}
     value = len(held) + len(taken) + unit_weight * len(game.units(power))
     if reach_weight:
-        value += reach_weight * centres_in_reach(game, power, counted=held | taken, moves=reach_moves)
+        value += reach_weight * centres_in_reach(game, power, counted=held | taken)
     return value
 
 
-def centres_in_reach(game: DiplomacyGame, power: str, counted: set[str], moves: int = 1) -> float:
+def centres_in_reach(game: DiplomacyGame, power: str, counted: set[str]) -> int:
     """How many centres outside `counted` `power`'s free units could each step onto at the next move,
-    one centre a unit (a maximum matching of units to centres); with `moves` > 1, the units left over
-    are then matched to the centres left over one move further, each such centre counting half as much.
+    one centre a unit (a maximum matching of units to centres).
 
     A unit is free unless it stands on a centre `power` does not own yet: that one must stay for the
     capture to count. What a one-phase value cannot see otherwise is exactly this: a spring move next
@@ -106,21 +101,13 @@ def centres_in_reach(game: DiplomacyGame, power: str, counted: set[str], moves: 
     """
     graph = map_graph()
     owned = set(game.centres(power))
-    free = [unit for unit in game.units(power) if _province(unit) not in graph.supply_centres - owned]
-    targets = set(graph.supply_centres - counted)
-    total = 0.0
-    for distance in range(1, moves + 1):
-        options = [sorted(graph.provinces_within(unit, distance) & targets) for unit in free]
-        matched = _max_matching(options)
-        total += len(matched) * 0.5 ** (distance - 1)
-        targets -= set(matched)
-        free = [unit for i, unit in enumerate(free) if i not in matched.values()]
-    return total
-
-
-def _max_matching(options: Sequence[Sequence[str]]) -> dict[str, int]:
-    """A maximum matching of rows (each with the centres it may take) to centres: centre -> row."""
-    match: dict[str, int] = {}
+    targets = graph.supply_centres - counted
+    options = [
+        sorted(graph.reachable_provinces(unit) & targets)
+        for unit in game.units(power)
+        if _province(unit) not in graph.supply_centres - owned  # a capture in progress pins its unit
+    ]
+    match: dict[str, int] = {}  # centre -> the option row (unit) it is matched to
 
     def augment(i: int, visited: set[str]) -> bool:
         for centre in options[i]:
@@ -131,9 +118,7 @@ def _max_matching(options: Sequence[Sequence[str]]) -> dict[str, int]:
                     return True
         return False
 
-    for i in range(len(options)):
-        augment(i, set())
-    return match
+    return sum(augment(i, set()) for i in range(len(options)))
 
 
 @dataclass(frozen=True)
@@ -183,9 +168,7 @@ class PendingSearch:
             for profile in profiles:
                 fork = self.game.fork()
                 fork.step({**profile, self.power: list(candidate.orders)})
-                total += position_value(
-                    fork, self.power, self.config.unit_weight, self.config.reach_weight, self.config.reach_moves
-                )
+                total += position_value(fork, self.power, self.config.unit_weight, self.config.reach_weight)
             mean = total / len(profiles)
             if mean > best_value + 1e-9:
                 best, best_value = candidate, mean

@@ -106,6 +106,3 @@ def test_search_is_the_policys_alone_and_a_bad_setting_stops_the_bench(
     with pytest.raises(SystemExit) as stop:
         main(["strength", "--policy", "bot:dumbbot", "--search", "2", "--reach-weight", "-1", "--out", str(tmp_path)])
     assert stop.value.code == 2 and "search.reach_weight must be a finite number >= 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as stop:
-        main(["strength", "--policy", "bot:dumbbot", "--search", "2", "--reach-moves", "0", "--out", str(tmp_path)])
-    assert stop.value.code == 2 and "search.reach_moves must be an integer >= 1" in capsys.readouterr().err

@@ -11,7 +11,6 @@ from diprl.bots import make_agent
 from diprl.eval.config import GamesConfig
 from diprl.eval.suite import SuiteConfig, run_suite
 from diprl.game import DiplomacyGame
-from diprl.game.mapgraph import map_graph
 from diprl.messages import Generation, GenerationRequest
 from diprl.rollout.lockstep import LockstepStats, Table, play_phase
 from diprl.rollout.search import SearchConfig, centres_in_reach, plan_search, position_value
@@ -193,40 +192,18 @@ def test_centres_in_reach_one_centre_a_free_unit() -> None:
     assert centres_in_reach(pinned, "RUSSIA", counted={"MOS", "RUM", "SEV", "STP", "WAR"}) == 2
 
 
-def test_centres_two_moves_away_count_half_for_the_units_left_over() -> None:
-    start = DiplomacyGame()
-    home = {"BRE", "MAR", "PAR"}
-    # one move: Marseilles' army to Spain; two: Paris to Belgium or Munich, Brest to Portugal or London
-    assert centres_in_reach(start, "FRANCE", counted=home, moves=2) == 1 + 0.5 * 2
-    assert position_value(start, "FRANCE", 0.0, reach_weight=0.4, reach_moves=2) == 3 + 0.4 * 2
-    spread = DiplomacyGame()
-    spread.step({"FRANCE": ["A PAR - BUR", "A MAR - SPA", "F BRE - MAO"]})
-    assert centres_in_reach(spread, "FRANCE", counted=home | {"SPA"}, moves=2) == 2  # no unit left over
-    graph = map_graph()
-    assert graph.provinces_within("A PAR", 1) == graph.reachable_provinces("A PAR")
-    two = {"BRE", "PIC", "BUR", "GAS", "BEL", "RUH", "MUN", "MAR", "SPA"}  # an army: no sea, Paris itself left out
-    assert graph.provinces_within("A PAR", 2) == two
-
-
 def test_a_reach_weight_makes_search_step_next_to_a_centre_in_spring() -> None:
     """All hold is greedy; marching Paris to Burgundy takes nothing this spring, so without a reach weight
-    it only ties the hold (which stays), and with one it is played: Belgium and Munich are in reach. A
-    two-move reach tells apart what one move cannot."""
+    it only ties the hold (which stays), and with one it is played: Belgium and Munich are in reach."""
     hold = ["A MAR H", "A PAR H", "F BRE H"]
     burgundy = ["A MAR H", "A PAR - BUR", "F BRE H"]
-    # both reach Spain and Belgium or London at one move; only the second leaves Paris' army two moves
-    # from Belgium or Munich, which a two-move reach sees
-    near = ["F BRE - ENG", "A MAR - GAS", "A PAR - BRE"]
-    further = ["F BRE - ENG", "A MAR - BUR", "A PAR H"]
-    cases = [((0.0, 1), hold, burgundy, hold), ((0.4, 1), hold, burgundy, burgundy)]
-    cases += [((0.4, 1), near, further, near), ((0.4, 2), near, further, further)]
-    for (weight, moves), greedy, other, expected in cases:
+    for weight, expected in ((0.0, hold), (0.4, burgundy)):
         game = DiplomacyGame()
-        config = SearchConfig(candidates=1, opponent_samples=1, reach_weight=weight, reach_moves=moves)
+        config = SearchConfig(candidates=1, opponent_samples=1, reach_weight=weight)
         pending = plan_search(game, "FRANCE", _request(game, "FRANCE"), config)
         assert pending is not None
-        outcome = pending.choose(ScriptedClient([greedy, other], _holds).generate(pending.requests))
-        assert list(outcome.answer.orders) == expected, (weight, moves)
+        outcome = pending.choose(ScriptedClient([hold, burgundy], _holds).generate(pending.requests))
+        assert list(outcome.answer.orders) == expected, weight
 
 
 @pytest.mark.parametrize(
@@ -238,7 +215,6 @@ def test_a_reach_weight_makes_search_step_next_to_a_centre_in_spring() -> None:
         {"temperature": -0.1},
         {"unit_weight": float("inf")},
         {"reach_weight": -0.5},
-        {"reach_moves": 0},
         {"candidates": True},
     ],
 )
