@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "faults": "diprl.bench.faults",
     "experience": "diprl.bench.experience",
     "strength": "diprl.bench.strength",
+    "search-cost": "diprl.bench.search_cost",
     "canary": "diprl.bench.canary",
     "league-value": "diprl.bench.league_value",
     "preload": "diprl.bench.preload",
