@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from diprl.bench.strength import add_search_options, search_from_options
 from diprl.eval.config import EvaluateConfig
 from diprl.eval.suite import SuiteConfig, run_suites
 from diprl.rollout.lockstep import PolicyClient
@@ -60,14 +61,18 @@ def side_suite(side: str, policy: str, games: int, max_year: int, search: Search
     return SuiteConfig(policy=policy, opponents=[DUMBBOT], play=play, label=f"{side}: policy vs 6 DumbBot")
 
 
-def measure(
-    policy: str, client: PolicyClient, games: int, max_year: int, search: SearchConfig, rounds: int
-) -> dict[str, SideTotals]:
-    """Greedy and searched, alternately `rounds` times each, on the same games; each side's totals."""
+def check_sides(search: SearchConfig, rounds: int) -> None:
     if not search.enabled:
         raise ValueError("search-cost needs search.candidates >= 1: the searched side must search")
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+
+
+def measure(
+    policy: str, client: PolicyClient, games: int, max_year: int, search: SearchConfig, rounds: int
+) -> dict[str, SideTotals]:
+    """Greedy and searched, alternately `rounds` times each, on the same games; each side's totals."""
+    check_sides(search, rounds)
     configs = {
         "greedy": side_suite("greedy", policy, games, max_year, SearchConfig()),
         "search": side_suite("search", policy, games, max_year, search),
@@ -110,23 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--games", type=int, default=7, help="games per round and side (every power once: 7)")
     parser.add_argument("--max-year", type=int, default=1902, help="the games end after this year")
     parser.add_argument("--rounds", type=int, default=2, help="greedy then searched, this many times")
-    parser.add_argument("--search", type=int, default=8, metavar="K", help="sampled candidates of the searched side")
-    parser.add_argument("--opponent-samples", type=int, default=SearchConfig.opponent_samples, metavar="M")
-    parser.add_argument("--reach-weight", type=float, default=SearchConfig.reach_weight, metavar="W")
+    add_search_options(parser, candidates=8)
     args = parser.parse_args(argv)
 
     from diprl.evaluate import local_policy_client, make_plan
 
     config = EvaluateConfig(policy=args.policy, served_model=args.served_model, adapters=args.adapters)
     try:
-        search = SearchConfig(
-            candidates=args.search, opponent_samples=args.opponent_samples, reach_weight=args.reach_weight
-        )
+        search = search_from_options(args)
+        check_sides(search, args.rounds)
         plan = make_plan(config)
         if not plan.llm_refs:
             raise ValueError(f"{args.policy} is a rule bot: only an LLM policy searches")
-        if args.rounds < 1 or not search.enabled:
-            raise ValueError("--rounds and --search must be >= 1")
     except (ValueError, OSError) as err:
         parser.error(str(err))
     with local_policy_client(plan.config) as client:

@@ -146,20 +146,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diprl.bench strength", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--policy", default="zoo:best", help="the hero PolicyRef (default: zoo:best)")
-    parser.add_argument(
-        "--served-model", default="", help="the model preset served (conf/model); a zoo entry's own by default"
-    )
-    parser.add_argument("--adapters", default="runs/adapters", help="the AdapterStore of <policy>@v<N>")
-    parser.add_argument("--games", type=int, default=GAMES, help="games to 1906 per suite (a multiple of 7)")
-    parser.add_argument("--full-games", type=int, default=FULL_GAMES, help="games to 1935; 0 skips them")
-    parser.add_argument("--out", default="runs/bench/strength")
+def add_search_options(parser: argparse.ArgumentParser, candidates: int) -> None:
+    """`--search K`, `--opponent-samples M` and `--reach-weight W`: a bench's `SearchConfig` (`search_from_options`)."""
     parser.add_argument(
         "--search",
         type=int,
-        default=0,
+        default=candidates,
         metavar="K",
         help="the policy searches its movement phases over K sampled candidates besides its greedy one (0: off)",
     )
@@ -177,6 +169,24 @@ def main(argv: list[str] | None = None) -> int:
         metavar="W",
         help="with --search: a centre one move from a free unit, in centres, in a position's value (0: unseen)",
     )
+
+
+def search_from_options(args: argparse.Namespace) -> SearchConfig:
+    """The `SearchConfig` of `add_search_options`' flags (ValueError on a bad one)."""
+    return SearchConfig(candidates=args.search, opponent_samples=args.opponent_samples, reach_weight=args.reach_weight)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diprl.bench strength", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", default="zoo:best", help="the hero PolicyRef (default: zoo:best)")
+    parser.add_argument(
+        "--served-model", default="", help="the model preset served (conf/model); a zoo entry's own by default"
+    )
+    parser.add_argument("--adapters", default="runs/adapters", help="the AdapterStore of <policy>@v<N>")
+    parser.add_argument("--games", type=int, default=GAMES, help="games to 1906 per suite (a multiple of 7)")
+    parser.add_argument("--full-games", type=int, default=FULL_GAMES, help="games to 1935; 0 skips them")
+    parser.add_argument("--out", default="runs/bench/strength")
+    add_search_options(parser, candidates=0)
     args = parser.parse_args(argv)
 
     from diprl.atomic_io import write_json_atomic
@@ -191,11 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         parser.error(str(err))
     try:
-        search = SearchConfig(
-            candidates=args.search,
-            opponent_samples=args.opponent_samples,
-            reach_weight=args.reach_weight,
-        )
+        search = search_from_options(args)
     except ValueError as err:
         parser.error(str(err))
     configs = suites(args.policy, args.games, args.full_games, search=search)

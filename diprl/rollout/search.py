@@ -100,12 +100,12 @@ def centres_in_reach(game: DiplomacyGame, power: str, counted: set[str]) -> int:
     to a neutral centre scores nothing until the fall move onto it.
     """
     graph = map_graph()
-    owned = set(game.centres(power))
+    capturing = graph.supply_centres - set(game.centres(power))  # a unit standing on one of these is pinned
     targets = graph.supply_centres - counted
     options = [
         sorted(graph.reachable_provinces(unit) & targets)
         for unit in game.units(power)
-        if _province(unit) not in graph.supply_centres - owned  # a capture in progress pins its unit
+        if _province(unit) not in capturing
     ]
     match: dict[str, int] = {}  # centre -> the option row (unit) it is matched to
 
