@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, replace
 
 from diprl.game import DiplomacyGame
 from diprl.game.legal import PhaseKind
 from diprl.game.mapgraph import map_graph
+from diprl.game.orders import HOLD, MOVE, SUPPORT, Order, parse_order
 from diprl.messages import Generation, GenerationRequest
 from diprl.policy.prompt import build_prompt
+
+IMPROVE_POOLS = ("policy", "centres")
+"""Where `improve` looks for a unit's alternatives: the orders the candidates gave it, or those plus every
+legal hold, move onto a centre the power does not own, and support of its own unit onto one."""
 
 OPPONENT_STREAM = 1_000
 """Sample streams of the opponent model's requests start here; the candidates' take 1..candidates."""
@@ -45,17 +50,22 @@ class SearchConfig:
     temperature: float = 1.0  # of the sampled candidates and of the opponent model's samples
     unit_weight: float = 0.3  # a unit's worth in centres in the position's value
     reach_weight: float = 0.0  # a centre in reach (one move from a free unit) in centres; 0: unseen
+    improve_rounds: int = 0  # rounds of unit-by-unit improvement of the chosen set (`improve`); 0: none
+    improve_pool: str = "policy"  # a unit's alternatives there: "policy" (its orders in the candidates) or "centres"
 
     def __post_init__(self) -> None:
-        for name in ("candidates", "opponent_samples"):
+        for name in ("candidates", "opponent_samples", "improve_rounds"):
             value = getattr(self, name)
-            low = 0 if name == "candidates" else 1
+            low = 1 if name == "opponent_samples" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"search.{name} must be an integer >= {low}, got {value!r}")
         for name in ("temperature", "unit_weight", "reach_weight"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise ValueError(f"search.{name} must be a finite number >= 0, got {value!r}")
+        if self.improve_pool not in IMPROVE_POOLS:
+            pools = ", ".join(IMPROVE_POOLS)
+            raise ValueError(f"search.improve_pool must be one of {pools}, got {self.improve_pool!r}")
 
     @property
     def enabled(self) -> bool:
@@ -142,7 +152,8 @@ class PendingSearch:
     others: tuple[str, ...]  # the powers modelled, in the order of their samples in `requests`
 
     def choose(self, answers: Sequence[Generation]) -> SearchOutcome:
-        """The candidate with the best mean value over the sampled profiles (the greedy one first on ties)."""
+        """The candidate with the best mean value over the sampled profiles (the greedy one first on ties),
+        then, with `improve_rounds`, improved unit by unit (`improve`)."""
         if len(answers) != len(self.requests):
             raise ValueError(f"a search needs {len(self.requests)} answers, got {len(answers)}")
         n = 1 + self.config.candidates
@@ -159,20 +170,88 @@ class PendingSearch:
         for other in self.others:
             for profile in profiles:
                 profile[other] = list(next(samples).orders)  # a failed sample holds (the game's defaults)
-        if len(candidates) < 2:  # nothing to weigh: the one valid answer, or the greedy one if none is
-            chosen = candidates[0] if candidates else greedy
+        if not candidates or (len(candidates) < 2 and not self.config.improve_rounds):
+            chosen = candidates[0] if candidates else greedy  # nothing to weigh
             return SearchOutcome(chosen, len(candidates), chosen is not greedy)
+        values: dict[tuple[str, ...], float] = {}
+
+        def value(orders: Sequence[str]) -> float:
+            """The mean `position_value` after `orders` against every profile (each order set once)."""
+            key = tuple(sorted(orders))
+            if key not in values:
+                total = 0.0
+                for profile in profiles:
+                    fork = self.game.fork()
+                    fork.step({**profile, self.power: list(orders)})
+                    total += position_value(fork, self.power, self.config.unit_weight, self.config.reach_weight)
+                values[key] = total / len(profiles)
+            return values[key]
+
         best, best_value = candidates[0], -math.inf
         for candidate in candidates:
-            total = 0.0
-            for profile in profiles:
-                fork = self.game.fork()
-                fork.step({**profile, self.power: list(candidate.orders)})
-                total += position_value(fork, self.power, self.config.unit_weight, self.config.reach_weight)
-            mean = total / len(profiles)
+            mean = value(candidate.orders)
             if mean > best_value + 1e-9:
                 best, best_value = candidate, mean
-        return SearchOutcome(best, len(candidates), best is not greedy)
+        if self.config.improve_rounds:
+            best = self.improve(best, candidates, value)
+        changed = best is not greedy and (sorted(best.orders) != sorted(greedy.orders) or greedy.error is not None)
+        return SearchOutcome(best, len(candidates), changed)
+
+    def improve(
+        self, chosen: Generation, candidates: Sequence[Generation], value: Callable[[Sequence[str]], float]
+    ) -> Generation:
+        """`chosen`, with each unit's order replaced by the alternative that raises `value` most, unit
+        after unit, for up to `improve_rounds` rounds (until a round changes nothing).
+
+        A unit's alternatives are the orders the candidates gave it ("policy": the policy proposes
+        each order, search composes them) or those and every legal hold, move onto a centre the power
+        does not own and support of its own unit's move onto one ("centres"). A composed set is an
+        answer the policy did not write: it keeps `chosen`'s prompt but no completion ids, so nothing
+        trains on it as the policy's own.
+        """
+        legal = self.game.legal_orders(self.power)
+        current = {loc: legal.default_order(loc) for loc in legal.locs}
+        for order in chosen.orders:
+            current[legal.loc_of[order]] = order
+        pools: dict[str, dict[str, None]] = {loc: {} for loc in legal.locs}  # insertion-ordered sets
+        for candidate in candidates:
+            for order in candidate.orders:
+                pools[legal.loc_of[order]][order] = None
+        if self.config.improve_pool == "centres":
+            wanted = map_graph().supply_centres - set(self.game.centres(self.power))
+            own = {_province(unit) for unit in self.game.units(self.power)}
+            for loc, orders in legal.by_loc.items():
+                for order in orders:
+                    if _towards(parse_order(order), wanted, own):
+                        pools[loc][order] = None
+        best_value = value(list(current.values()))
+        for _ in range(self.config.improve_rounds):
+            improved = False
+            for loc, pool in pools.items():
+                for order in pool:
+                    if order != current[loc]:
+                        trial = {**current, loc: order}
+                        trial_value = value(list(trial.values()))
+                        if trial_value > best_value + 1e-9:
+                            current, best_value, improved = trial, trial_value, True
+            if not improved:
+                break
+        composed = list(current.values())
+        if sorted(composed) == sorted(chosen.orders):
+            return chosen
+        text = "\n".join(composed)
+        return replace(chosen, orders=composed, text=text, token_ids=[], logprobs=[], finish_reason="search")
+
+
+def _towards(order: Order, wanted: Set[str], own: Set[str]) -> bool:
+    """A hold, a move onto a province in `wanted`, or a support of a unit standing in `own` moving onto one."""
+    if order.kind == HOLD:
+        return True
+    if order.kind == MOVE:
+        return order.target.split("/")[0] in wanted
+    if order.kind == SUPPORT and order.supported_target:
+        return _province(order.supported_unit) in own and order.supported_target.split("/")[0] in wanted
+    return False
 
 
 def plan_search(

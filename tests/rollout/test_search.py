@@ -4,6 +4,7 @@ the opponents its own policy predicts."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -206,6 +207,78 @@ def test_a_reach_weight_makes_search_step_next_to_a_centre_in_spring() -> None:
         assert list(outcome.answer.orders) == expected, weight
 
 
+class ByPowerClient:
+    """Each power answers its scripted order sets in turn (then holds); powers not scripted hold."""
+
+    def __init__(self, script: dict[str, Sequence[Sequence[str]]]) -> None:
+        self.script = {power: iter(answers) for power, answers in script.items()}
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        answers = []
+        for request in requests:
+            assert request.legal is not None
+            orders = next(self.script.get(request.legal["power"], iter(())), None)
+            answer = _answer(request, orders or _holds(request))
+            answers.append(replace(answer, prompt_ids=[1, 2], token_ids=[3], logprobs=[-0.5]))
+        return answers
+
+
+def _improved(game: DiplomacyGame, france: Sequence[Sequence[str]], germany: Sequence[str], **config: object):
+    search = SearchConfig(candidates=len(france) - 1, opponent_samples=1, **config)  # type: ignore[arg-type]
+    pending = plan_search(game, "FRANCE", _request(game, "FRANCE"), search)
+    assert pending is not None
+    return pending.choose(ByPowerClient({"FRANCE": france, "GERMANY": [germany]}).generate(pending.requests))
+
+
+def test_improvement_composes_the_candidates_orders_unit_by_unit() -> None:
+    """One candidate takes Belgium, the other Portugal: the best candidate takes one, the composed set both.
+    The composed set is not the policy's completion, so it carries no ids to train on."""
+    game = DiplomacyGame(max_year=1905)
+    game.step({"FRANCE": ["A PAR - BUR", "A MAR - SPA", "F BRE - MAO"]})
+    belgium = ["A BUR - BEL", "A SPA H", "F MAO H"]
+    portugal = ["A BUR H", "A SPA H", "F MAO - POR"]
+    hold = ["A BUR H", "A SPA H", "F MAO H"]
+    best = _improved(game, [hold, belgium, portugal], []).answer
+    assert list(best.orders) == belgium and best.trainable
+    outcome = _improved(game, [hold, belgium, portugal], [], improve_rounds=1)
+    assert sorted(outcome.answer.orders) == ["A BUR - BEL", "A SPA H", "F MAO - POR"]
+    assert outcome.changed and outcome.candidates == 3
+    assert outcome.answer.complete and not outcome.answer.trainable
+    assert outcome.answer.text.splitlines() == list(outcome.answer.orders)
+    # the policy proposed nothing but holds: its pool has nothing to compose; the centres' pool moves both
+    assert sorted(_improved(game, [hold, hold], [], improve_rounds=1).answer.orders) == hold
+    centres = _improved(game, [hold, hold], [], improve_rounds=1, improve_pool="centres").answer
+    assert sorted(centres.orders) == ["A BUR - BEL", "A SPA H", "F MAO - POR"]
+
+
+def test_the_centres_pool_moves_onto_centres_only() -> None:
+    """In spring, with a reach weight, Paris to Burgundy would be worth something (Belgium and Munich in
+    reach) but Burgundy is not a centre, so the centres' pool never tries it; Marseilles to Spain it does."""
+    game = DiplomacyGame(max_year=1905)
+    hold = ["A MAR H", "A PAR H", "F BRE H"]
+    outcome = _improved(game, [hold, hold], [], improve_rounds=2, improve_pool="centres", reach_weight=0.4)
+    assert "A MAR - SPA" in outcome.answer.orders and "A PAR H" in outcome.answer.orders
+    burgundy = ["A MAR H", "A PAR - BUR", "F BRE H"]  # proposed by the policy, it is composed in
+    outcome = _improved(game, [hold, burgundy], [], improve_rounds=2, improve_pool="centres", reach_weight=0.4)
+    assert {"A MAR - SPA", "A PAR - BUR"} <= set(outcome.answer.orders)
+
+
+def test_the_centres_pool_adds_the_support_that_wins_a_contested_centre() -> None:
+    """Germany's fleet is predicted into Belgium: France's army bounces there alone, and takes it with the
+    Channel fleet's support, an order no candidate wrote."""
+    game = DiplomacyGame(max_year=1905)
+    game.step({"FRANCE": ["A PAR - BUR", "A MAR - SPA", "F BRE - ENG"], "GERMANY": ["F KIE - HOL"]})
+    bounce = ["A BUR - BEL", "A SPA H", "F ENG H"]
+    germany = ["A BER H", "A MUN H", "F HOL - BEL"]
+    assert sorted(_improved(game, [bounce, bounce], germany, improve_rounds=2).answer.orders) == sorted(bounce)
+    outcome = _improved(game, [bounce, bounce], germany, improve_rounds=2, improve_pool="centres")
+    assert sorted(outcome.answer.orders) == ["A BUR - BEL", "A SPA H", "F ENG S A BUR - BEL"]
+    # with Germany predicted to hold, the bounce already takes Belgium and nothing is changed
+    holds = _holds(_request(game, "GERMANY"))
+    outcome = _improved(game, [bounce, bounce], holds, improve_rounds=2, improve_pool="centres")
+    assert sorted(outcome.answer.orders) == sorted(bounce) and not outcome.changed
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -216,6 +289,8 @@ def test_a_reach_weight_makes_search_step_next_to_a_centre_in_spring() -> None:
         {"unit_weight": float("inf")},
         {"reach_weight": -0.5},
         {"candidates": True},
+        {"improve_rounds": -1},
+        {"improve_pool": "everything"},
     ],
 )
 def test_bad_search_settings_are_refused(bad: dict[str, object]) -> None:
