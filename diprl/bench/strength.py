@@ -27,7 +27,7 @@ from typing import Any
 from diprl.eval.config import EvaluateConfig
 from diprl.eval.stats import interval_text, paired_gain, summary_text
 from diprl.eval.suite import SuiteConfig, centres_at_year
-from diprl.rollout.search import SearchConfig
+from diprl.rollout.search import IMPROVE_POOLS, SearchConfig
 
 SEED = 12345
 """The training runs' evaluation seed (`evaluation.seed`): the first 112 games are the learning bench's."""
@@ -147,7 +147,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def add_search_options(parser: argparse.ArgumentParser, candidates: int) -> None:
-    """`--search K`, `--opponent-samples M` and `--reach-weight W`: a bench's `SearchConfig` (`search_from_options`)."""
+    """`--search K`, `--opponent-samples M`, `--reach-weight W`, `--improve-rounds R` and `--improve-pool`: a
+    bench's `SearchConfig` (`search_from_options`)."""
     parser.add_argument(
         "--search",
         type=int,
@@ -169,11 +170,30 @@ def add_search_options(parser: argparse.ArgumentParser, candidates: int) -> None
         metavar="W",
         help="with --search: a centre one move from a free unit, in centres, in a position's value (0: unseen)",
     )
+    parser.add_argument(
+        "--improve-rounds",
+        type=int,
+        default=SearchConfig.improve_rounds,
+        metavar="R",
+        help="with --search: rounds of unit-by-unit improvement of the chosen order set (0: none)",
+    )
+    parser.add_argument(
+        "--improve-pool",
+        choices=IMPROVE_POOLS,
+        default=SearchConfig.improve_pool,
+        help="with --improve-rounds: a unit's alternatives, the candidates' orders or also every move onto a centre",
+    )
 
 
 def search_from_options(args: argparse.Namespace) -> SearchConfig:
     """The `SearchConfig` of `add_search_options`' flags (ValueError on a bad one)."""
-    return SearchConfig(candidates=args.search, opponent_samples=args.opponent_samples, reach_weight=args.reach_weight)
+    return SearchConfig(
+        candidates=args.search,
+        opponent_samples=args.opponent_samples,
+        reach_weight=args.reach_weight,
+        improve_rounds=args.improve_rounds,
+        improve_pool=args.improve_pool,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         timing = reports[0]["timing"]
         print(
             f"search: {search.candidates} candidates besides the greedy one, {search.opponent_samples} samples of the "
-            f"others from the policy itself, reach weight {search.reach_weight}; "
+            f"others from the policy itself, reach weight {search.reach_weight}, {search.improve_rounds} rounds of "
+            f"improvement from the {search.improve_pool} pool; "
             f"{timing['search_changed_all_suites']} of {timing['searches_all_suites']} "
             "searched decisions played another answer than the greedy one"
         )

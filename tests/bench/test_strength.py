@@ -3,6 +3,7 @@ the line the issue names."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -11,7 +12,16 @@ from typing import Any
 import pytest
 
 from diprl.bench.__main__ import main
-from diprl.bench.strength import FULL_MAX_YEAR, MAX_YEAR, SEED, suites, summarize, summary_lines
+from diprl.bench.strength import (
+    FULL_MAX_YEAR,
+    MAX_YEAR,
+    SEED,
+    add_search_options,
+    search_from_options,
+    suites,
+    summarize,
+    summary_lines,
+)
 from diprl.eval.suite import game_specs
 from diprl.rollout.search import SearchConfig
 
@@ -106,3 +116,15 @@ def test_search_is_the_policys_alone_and_a_bad_setting_stops_the_bench(
     with pytest.raises(SystemExit) as stop:
         main(["strength", "--policy", "bot:dumbbot", "--search", "2", "--reach-weight", "-1", "--out", str(tmp_path)])
     assert stop.value.code == 2 and "search.reach_weight must be a finite number >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["strength", "--policy", "bot:dumbbot", "--search", "2", "--improve-pool", "all", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "--improve-pool: invalid choice" in capsys.readouterr().err
+
+
+def test_the_search_flags_make_the_search() -> None:
+    parser = argparse.ArgumentParser()
+    add_search_options(parser, candidates=8)
+    flags = ["--opponent-samples", "3", "--reach-weight", "0.5", "--improve-rounds", "2", "--improve-pool", "centres"]
+    expected = SearchConfig(8, opponent_samples=3, reach_weight=0.5, improve_rounds=2, improve_pool="centres")
+    assert search_from_options(parser.parse_args(flags)) == expected
+    assert search_from_options(parser.parse_args(["--search", "0"])) == SearchConfig()

@@ -204,7 +204,10 @@ def test_games_handed_on_as_overrides_come_back_the_same() -> None:
 
     play = GamesConfig(
         games=14, max_year=1903, seed=5, temperature=0.0, sampling_seed=None,
-        search=SearchConfig(candidates=3, opponent_samples=2, unit_weight=0.5, reach_weight=0.25),
+        search=SearchConfig(
+            candidates=3, opponent_samples=2, unit_weight=0.5, reach_weight=0.25, improve_rounds=2,
+            improve_pool="centres",
+        ),
     )  # fmt: skip
     assert "search.candidates=3" in play.overrides() and "sampling_seed=null" in play.overrides()
     assert load_evaluate_config(["policy=base", *play.overrides()]).games_config() == play
