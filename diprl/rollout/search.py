@@ -4,8 +4,9 @@ A searched seat does not play its policy's first answer. In a movement phase it 
 greedy order set (the seat's normal request) and `candidates` more sampled ones, and asks the SAME policy
 what each other power would order, `opponent_samples` joint samples of all of them. Every distinct
 candidate is adjudicated by the engine against every sampled joint profile (a fork of the game per pair)
-and scored by `position_value`; the candidate with the best mean is played, the greedy one on a tie.
-Retreats and adjustments are played as the policy answers them.
+and scored by `position_value`; the candidate with the best mean is chosen, the greedy one on a tie. With
+`improve_rounds`, the choice is then improved one unit at a time (`PendingSearch.improve`) against the
+same profiles. Retreats and adjustments are played as the policy answers them.
 
 Nothing here looks at who actually sits in the other seats: the opponents are modelled by the seat's own
 policy, never by the bots it meets, so a searched policy that beats DumbBot beats it without asking it.
@@ -40,7 +41,8 @@ class SearchConfig:
     """How a searched seat decides a movement phase (`candidates` 0: no search, the policy's answer).
 
     Each decision costs 1 + `candidates` + `opponent_samples` x (other powers) requests in the phase's one
-    generation call, and up to (1 + `candidates`) x `opponent_samples` adjudications of ~5 ms each.
+    generation call, and up to (1 + `candidates`) x `opponent_samples` adjudications of ~5 ms each, plus
+    `opponent_samples` for each alternative order of each unit in each round of improvement.
     `unit_weight` prices a unit against a centre in `position_value`, `reach_weight` a centre one move
     away (`centres_in_reach`): the spring move that prepares a fall capture.
     """
