@@ -73,6 +73,12 @@ class SearchConfig:
     def enabled(self) -> bool:
         return self.candidates > 0
 
+    @classmethod
+    def strongest(cls, candidates: int) -> SearchConfig:
+        """The setting the strength bench measured strongest, with `candidates` (docs/results.md, 2026-12-04:
+        reach 0.5, two rounds of improvement from the centres' pool)."""
+        return cls(candidates=candidates, reach_weight=0.5, improve_rounds=2, improve_pool="centres")
+
 
 def derived_seed(seed: int, stream: int) -> int:
     """A sampling seed of its own for stream `stream` of the request seeded `seed` (63 bits, stable)."""

@@ -101,7 +101,7 @@ class PlaySetup:
 
     @property
     def search_config(self) -> SearchConfig:
-        return SearchConfig(candidates=self.search)
+        return SearchConfig.strongest(self.search)
 
     @property
     def llm_seats(self) -> list[str]:

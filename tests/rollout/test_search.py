@@ -3,8 +3,10 @@ the opponents its own policy predicts."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 
@@ -277,6 +279,14 @@ def test_the_centres_pool_adds_the_support_that_wins_a_contested_centre() -> Non
     holds = _holds(_request(game, "GERMANY"))
     outcome = _improved(game, [bounce, bounce], holds, improve_rounds=2, improve_pool="centres")
     assert sorted(outcome.answer.orders) == sorted(bounce) and not outcome.changed
+
+
+def test_the_strongest_setting_is_the_one_the_zoo_measured() -> None:
+    """The web's search box plays `SearchConfig.strongest`: the setting whose figures `zoo:best` ships."""
+    manifest = json.loads((Path(__file__).parents[2] / "zoo" / "teacher-rl" / "manifest.json").read_text())
+    measured = manifest["figures"]["with_search_reach_and_improvement"]
+    assert measured["search"] == asdict(SearchConfig.strongest(8))
+    assert measured["teacher_gap_ci95"][0] > 0
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from diprl.game import PhaseKind
+from diprl.rollout.search import SearchConfig
 from diprl.web.app import WebConfig, create_app
 from diprl.web.clients import RunServerClients
 from diprl.web.play import PlayError, PlaySession, check_orders
@@ -200,6 +201,8 @@ def test_searching_seats_send_their_whole_search_and_the_game_says_so(
     game_id = str(response.headers["location"]).rsplit("/", 1)[1]
     session = _session(http, game_id)
     assert session.setup.search == 8 and session.meta()["search"] == 8
+    assert session.setup.search_config == SearchConfig.strongest(8)  # the bench's strongest, improvement included
+    assert session.setup.search_config.improve_rounds > 0
     assert _submit(http, game_id, "S1901M", _moves(session)).status_code == 303  # type: ignore[attr-defined]
     [(_, requests, _)] = clients.calls
     # England's search: its own answer, 8 candidates, 4 samples of each of the six others, all from zoo:best.
