@@ -219,12 +219,16 @@ class PendingSearch:
         """
         legal = self.game.legal_orders(self.power)
         current = {loc: legal.default_order(loc) for loc in legal.locs}
-        for order in chosen.orders:
-            current[legal.loc_of[order]] = order
         pools: dict[str, dict[str, None]] = {loc: {} for loc in legal.locs}  # insertion-ordered sets
+        # An order that is not legal here (a client's bad answer) is what the game would do with it: the
+        # unit's default; it is never tried.
+        for order in chosen.orders:
+            if order in legal.loc_of:
+                current[legal.loc_of[order]] = order
         for candidate in candidates:
             for order in candidate.orders:
-                pools[legal.loc_of[order]][order] = None
+                if order in legal.loc_of:
+                    pools[legal.loc_of[order]][order] = None
         if self.config.improve_pool == "centres":
             wanted = map_graph().supply_centres - set(self.game.centres(self.power))
             own = {_province(unit) for unit in self.game.units(self.power)}

@@ -247,6 +247,10 @@ def test_improvement_composes_the_candidates_orders_unit_by_unit() -> None:
     assert outcome.changed and outcome.candidates == 3
     assert outcome.answer.complete and not outcome.answer.trainable
     assert outcome.answer.text.splitlines() == list(outcome.answer.orders)
+    # an order that is not legal here (a bad answer) is neither kept nor tried: the unit holds, as in the game
+    bogus = ["A BUR - BEL", "A SPA - LON", "F MAO H"]
+    outcome = _improved(game, [hold, bogus, portugal], [], improve_rounds=1)
+    assert sorted(outcome.answer.orders) == ["A BUR - BEL", "A SPA H", "F MAO - POR"]
     # the policy proposed nothing but holds: its pool has nothing to compose; the centres' pool moves both
     assert sorted(_improved(game, [hold, hold], [], improve_rounds=1).answer.orders) == hold
     centres = _improved(game, [hold, hold], [], improve_rounds=1, improve_pool="centres").answer
