@@ -202,7 +202,8 @@ class PendingSearch:
                 best, best_value = candidate, mean
         if self.config.improve_rounds:
             best = self.improve(best, candidates, value)
-        changed = best is not greedy and (sorted(best.orders) != sorted(greedy.orders) or greedy.error is not None)
+        # A failed greedy answer is never a candidate: whatever is played then is a change.
+        changed = greedy.error is not None or sorted(best.orders) != sorted(greedy.orders)
         return SearchOutcome(best, len(candidates), changed)
 
     def improve(

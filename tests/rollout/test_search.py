@@ -257,6 +257,38 @@ def test_improvement_composes_the_candidates_orders_unit_by_unit() -> None:
     assert sorted(centres.orders) == ["A BUR - BEL", "A SPA H", "F MAO - POR"]
 
 
+def test_a_second_round_adopts_what_the_first_made_worth_it_and_a_quiet_round_ends_the_loop() -> None:
+    """Marseilles's move to Spain is worth something only once Paris has gone to Burgundy, and Marseilles
+    comes before Paris in a round: one round takes Burgundy alone, two take both, and a third round changes
+    nothing, so the loop stops there however many rounds are allowed."""
+    game = DiplomacyGame(max_year=1905)
+    config = SearchConfig(candidates=1, opponent_samples=1, improve_rounds=5)
+    pending = plan_search(game, "FRANCE", _request(game, "FRANCE"), config)
+    assert pending is not None
+    locs = list(game.legal_orders("FRANCE").locs)
+    assert locs.index("MAR") < locs.index("PAR")  # the order the rounds visit the units in
+    hold = _answer(_request(game, "FRANCE"), ["A MAR H", "A PAR H", "F BRE H"])
+    proposed = _answer(_request(game, "FRANCE"), ["A MAR - SPA", "A PAR - BUR", "F BRE H"])
+    calls: list[frozenset[str]] = []
+
+    def value(orders: Sequence[str]) -> float:
+        calls.append(frozenset(orders))
+        burgundy = "A PAR - BUR" in orders
+        return float(burgundy) + float(burgundy and "A MAR - SPA" in orders)
+
+    def improved(rounds: int) -> list[str]:
+        calls.clear()
+        rounds_of = replace(pending, config=replace(config, improve_rounds=rounds))
+        return sorted(rounds_of.improve(hold, [hold, proposed], value).orders)
+
+    assert improved(1) == ["A MAR H", "A PAR - BUR", "F BRE H"]
+    assert improved(2) == ["A MAR - SPA", "A PAR - BUR", "F BRE H"]
+    assert improved(3) == ["A MAR - SPA", "A PAR - BUR", "F BRE H"]
+    three_rounds = len(calls)  # two rounds that change something and a quiet third
+    assert improved(5) == ["A MAR - SPA", "A PAR - BUR", "F BRE H"]
+    assert len(calls) == three_rounds == 1 + 3 * 2  # the start, then one trial per unit with an alternative
+
+
 def test_the_centres_pool_moves_onto_centres_only() -> None:
     """In spring, with a reach weight, Paris to Burgundy would be worth something (Belgium and Munich in
     reach) but Burgundy is not a centre, so the centres' pool never tries it; Marseilles to Spain it does."""
