@@ -30,11 +30,13 @@ class Worker:
 class League:
     def __init__(self) -> None:
         self.count = 0
+        self.heroes: list[str] = []  # the policy each match was asked for
         self.next_match = Remote(self._next)
         self.report = Remote(lambda results: None)
 
     def _next(self, policy: str) -> Match:
         self.count += 1
+        self.heroes.append(policy)
         return Match(f"m{self.count}", SEATS, "FRANCE", self.count)
 
 
@@ -63,6 +65,31 @@ def test_a_server_that_fails_every_request_ends_the_run_with_its_error(
     drain(s, 3)
     with pytest.raises(ServingFailed, match="last 4 matches failed; the PolicyServer said: LoRA rank 16"):
         drain(s, 1)
+
+
+def test_matches_go_to_the_policies_by_their_weights_interleaved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_stand_in_ray(monkeypatch)
+    journal = Journal(tmp_path, Tracker(tmp_path, {}, use_wandb=False), RunStats())
+    roles = ["main", "main_exploiter", "league_exploiter"]
+
+    def heroes(weights: dict[str, float] | None, matches: int) -> list[str]:
+        league = League()
+        workers = [Worker([report(1, 0)] * matches) for _ in range(2)]
+        s = MatchScheduler(league, workers, 1, roles, 0, journal, Counters(), weights=weights)
+        while league.count < matches:
+            s.fill()
+            s.handle(s.refs()[0])
+        return league.heroes[:matches]
+
+    assert heroes(None, 6) == roles * 2  # equal weights: the policies in turn, as before weights existed
+    weighted = heroes({"main": 1, "main_exploiter": 3, "league_exploiter": 3}, 14)
+    assert [weighted.count(r) for r in roles] == [2, 6, 6]
+    # Interleaved, not in runs: no exploiter is the hero of more than two matches in a row.
+    assert all(len(set(weighted[i : i + 3])) > 1 for i in range(len(weighted) - 2))
+    with pytest.raises(ValueError, match="match weights must be positive"):
+        MatchScheduler(League(), [], 1, roles, 0, journal, Counters(), weights={"main": 0.0})
 
 
 def test_failures_that_are_not_every_request_or_not_in_a_row_play_on(

@@ -19,6 +19,10 @@ SEAT_MODES = ("one", "each")
 MAIN_WEIGHTINGS = ("hard", "variance", "linear_capped", "nash")
 
 
+def _positive_finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")
+
+
 def _unit(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"league.{name} must be in [0, 1], got {value}")
@@ -98,6 +102,11 @@ class LeagueConfig:
     # with a learner's current version (self-play seats, main's seats in an exploiter's match); "hero" = the
     # hero alone. Snapshots, base and bots are never trained.
     train_seats: str = "learners"
+    # How often each role is the hero of a new match, relative to the others (a role left out weighs 1):
+    # the rollouts' matches go to the roles in these proportions, interleaved. An exploiter's match trains
+    # one seat of its own (and main's seats in it), main's self-play match seven, so equal turns leave the
+    # exploiters a seventh of main's groups; `conf/league/league.yaml` gives them more of the matches.
+    match_weights: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     health: HealthConfig = field(default_factory=HealthConfig)  # what the league reports about its health
 
@@ -143,6 +152,18 @@ class LeagueConfig:
             raise ValueError(f"league.train_seats must be one of {TRAIN_SEAT_MODES}, got {self.train_seats!r}")
         if self.max_pending < 1:
             raise ValueError(f"league.max_pending must be >= 1, got {self.max_pending}")
+        strangers = [r for r in self.match_weights if r not in self.roles]
+        if strangers:
+            raise ValueError(
+                f"league.match_weights names {strangers}, which are not in league.roles {list(self.roles)}"
+            )
+        bad = {r: w for r, w in self.match_weights.items() if not _positive_finite(w)}
+        if bad:
+            raise ValueError(f"league.match_weights must be positive finite numbers, got {bad}")
+
+    def match_weight(self, role: str) -> float:
+        """`role`'s weight in the turns of new matches (`match_weights`; 1 when not named)."""
+        return float(self.match_weights.get(role, 1.0))
 
 
 def register_configs() -> None:

@@ -2,10 +2,11 @@
 
 Each worker plays up to `rollout.matches_in_flight` matches at once (in lockstep: one policy call per
 phase for all of them), so the scheduler keeps that many `play` calls outstanding per worker, taking
-the trained policies in turn. A finished match's results go to the league (its G forks weigh 1/G each)
-and its counts to the run's statistics. A call that failed (the PolicyServer restarting, an engine
-error) is replayed with the same match, hence the same seed: the ledger drops any group it already
-accepted. Ray itself retries a call a worker's death interrupted, on the restarted worker.
+the trained policies in turn: in proportion to their weights (`league.match_weights`), interleaved
+(smooth weighted round robin; equal weights take them in order). A finished match's results go to the
+league (its G forks weigh 1/G each) and its counts to the run's statistics. A call that failed (the
+PolicyServer restarting, an engine error) is replayed with the same match, hence the same seed: the ledger
+drops any group it already accepted. Ray itself retries a call a worker's death interrupted, on the restarted worker.
 
 A match whose requests a replica refused by the version's canary (`CanaryMismatch`: the engine does not
 serve the weights that were trained) is a `fault`: the league is told (`refuse_version`) and hands out the
@@ -63,6 +64,8 @@ class MatchScheduler:
     # `_log_canaries`), called before a refusal a match reports is handed to the league. None: proofs arrive
     # only when the driver reads them.
     read_proofs: Callable[[], None] | None = None
+    # policy -> its share of new matches relative to the others (`LeagueConfig.match_weight`); None: equal.
+    weights: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         self.playing: dict[Any, _Playing] = {}
@@ -71,7 +74,12 @@ class MatchScheduler:
         self.failing = 0
         self.failing_limit = max(4, 2 * self.per_worker * len(self.workers))
         self.load = [0] * len(self.workers)
-        self._turn = 0
+        weights = self.weights or {}
+        self._weight = [float(weights.get(p, 1.0)) for p in self.policies]
+        if any(not w > 0 for w in self._weight):
+            named = dict(zip(self.policies, self._weight, strict=True))
+            raise ValueError(f"match weights must be positive, got {named}")
+        self._credit = [0.0] * len(self.policies)  # smooth weighted round robin's running credit per policy
         self.refused: set[str] = set()  # versions a replica refused by their canary
         self.serving: dict[str, str] = {}  # policy -> the version the league plays instead, since the last refusal
 
@@ -81,10 +89,16 @@ class MatchScheduler:
 
         for index in range(len(self.workers)):
             while self.load[index] < self.per_worker:
-                policy = self.policies[self._turn % len(self.policies)]
-                self._turn += 1
-                match = ray.get(self.league.next_match.remote(policy))
+                match = ray.get(self.league.next_match.remote(self.next_policy()))
                 self._submit(index, match, 0)
+
+    def next_policy(self) -> str:
+        """The policy whose turn it is: each gains its weight in credit, the richest plays and pays the total."""
+        for i, weight in enumerate(self._weight):
+            self._credit[i] += weight
+        chosen = max(range(len(self.policies)), key=lambda i: self._credit[i])  # the first of equals
+        self._credit[chosen] -= sum(self._weight)
+        return self.policies[chosen]
 
     def _submit(self, index: int, match: Match, attempt: int) -> None:
         self.playing[self.workers[index].play.remote(match)] = _Playing(index, match, attempt)

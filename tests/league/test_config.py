@@ -28,3 +28,14 @@ def test_bad_files_name_themselves(tmp_path: Path) -> None:
         load_league_config("range", tmp_path)
     with pytest.raises(KeyError, match="known"):
         load_league_config("nope")
+
+
+def test_match_weights_name_trained_roles_and_are_positive() -> None:
+    league = load_league_config("league")
+    assert [league.match_weight(r) for r in league.roles] == [1.0, 3.0, 3.0]
+    assert LeagueConfig().match_weight("main") == 1.0  # a role left out weighs 1
+    with pytest.raises(ValueError, match=r"names \['main_exploiter'\], which are not in league.roles"):
+        LeagueConfig(match_weights={"main_exploiter": 2.0})
+    for bad in (0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="match_weights must be positive finite numbers"):
+            LeagueConfig(match_weights={"main": bad})
