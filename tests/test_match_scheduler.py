@@ -74,7 +74,7 @@ def test_matches_go_to_the_policies_by_their_weights_interleaved(
     journal = Journal(tmp_path, Tracker(tmp_path, {}, use_wandb=False), RunStats())
     roles = ["main", "main_exploiter", "league_exploiter"]
 
-    def heroes(weights: dict[str, float] | None, matches: int) -> list[str]:
+    def heroes(weights: dict[str, float], matches: int) -> list[str]:
         league = League()
         workers = [Worker([report(1, 0)] * matches) for _ in range(2)]
         s = MatchScheduler(league, workers, 1, roles, 0, journal, Counters(), weights=weights)
@@ -83,7 +83,8 @@ def test_matches_go_to_the_policies_by_their_weights_interleaved(
             s.handle(s.refs()[0])
         return league.heroes[:matches]
 
-    assert heroes(None, 6) == roles * 2  # equal weights: the policies in turn, as before weights existed
+    assert heroes({}, 6) == roles * 2  # equal weights: the policies in turn, as before weights existed
+    assert heroes({"main": 1}, 6) == roles * 2  # a policy not named weighs 1
     weighted = heroes({"main": 1, "main_exploiter": 3, "league_exploiter": 3}, 14)
     assert [weighted.count(r) for r in roles] == [2, 6, 6]
     # Interleaved, not in runs: no exploiter is the hero of more than two matches in a row.

@@ -161,10 +161,6 @@ class LeagueConfig:
         if bad:
             raise ValueError(f"league.match_weights must be positive finite numbers, got {bad}")
 
-    def match_weight(self, role: str) -> float:
-        """`role`'s weight in the turns of new matches (`match_weights`; 1 when not named)."""
-        return float(self.match_weights.get(role, 1.0))
-
 
 def register_configs() -> None:
     """Register the `base_league` schema (group `league`) that `conf/league/*.yaml` extend."""

@@ -148,7 +148,7 @@ class Driver:
             journal,
             counters,
             read_proofs=lambda: self._log_canaries(self._server_status(STATUS_TIMEOUT_S)),
-            weights={policy: config.league.match_weight(policy) for policy in actors.learners},
+            weights=config.league.match_weights,
         )
         watched = {f"rollout-{i}": w for i, w in enumerate(actors.workers)}
         watched |= {f"learner-{p}": learner for p, learner in actors.learners.items()}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from diprl.messages import POLICY_PATTERN, VERSION_PATTERN, Match, MatchReport, group_seat
@@ -64,8 +64,9 @@ class MatchScheduler:
     # `_log_canaries`), called before a refusal a match reports is handed to the league. None: proofs arrive
     # only when the driver reads them.
     read_proofs: Callable[[], None] | None = None
-    # policy -> its share of new matches relative to the others (`LeagueConfig.match_weight`); None: equal.
-    weights: dict[str, float] | None = None
+    # policy -> its share of new matches relative to the others (`league.match_weights`); a policy not named
+    # weighs 1, so none named takes the policies in turn.
+    weights: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.playing: dict[Any, _Playing] = {}
@@ -74,8 +75,7 @@ class MatchScheduler:
         self.failing = 0
         self.failing_limit = max(4, 2 * self.per_worker * len(self.workers))
         self.load = [0] * len(self.workers)
-        weights = self.weights or {}
-        self._weight = [float(weights.get(p, 1.0)) for p in self.policies]
+        self._weight = [float(self.weights.get(p, 1.0)) for p in self.policies]
         if any(not w > 0 for w in self._weight):
             named = dict(zip(self.policies, self._weight, strict=True))
             raise ValueError(f"match weights must be positive, got {named}")

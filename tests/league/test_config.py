@@ -32,8 +32,8 @@ def test_bad_files_name_themselves(tmp_path: Path) -> None:
 
 def test_match_weights_name_trained_roles_and_are_positive() -> None:
     league = load_league_config("league")
-    assert [league.match_weight(r) for r in league.roles] == [1.0, 3.0, 3.0]
-    assert LeagueConfig().match_weight("main") == 1.0  # a role left out weighs 1
+    assert league.match_weights == {"main": 1.0, "main_exploiter": 3.0, "league_exploiter": 3.0}
+    assert LeagueConfig().match_weights == {}  # none named: every role weighs 1 (tests/test_match_scheduler.py)
     with pytest.raises(ValueError, match=r"names \['main_exploiter'\], which are not in league.roles"):
         LeagueConfig(match_weights={"main_exploiter": 2.0})
     for bad in (0, -1.0, float("nan"), float("inf"), True):
