@@ -353,6 +353,30 @@ def test_the_league_summary_is_replaced_atomically(tmp_path: Path, monkeypatch: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["league_summary.json", "train_state.json"]
 
 
+@pytest.mark.parametrize("budget_left", [True, False])
+def test_the_loop_tells_the_evaluations_when_the_training_budget_is_spent(budget_left: bool) -> None:
+    """What `EvalSchedule.fill` needs to start no crossplay and no superseded evaluation after the budget."""
+    from diprl.run.driver import Driver
+
+    calls: list[tuple[str, Any]] = []
+    idle = SimpleNamespace(refs=lambda: [], fill=lambda: calls.append(("fill", None)))
+    driver = SimpleNamespace(
+        budget_left=lambda: budget_left,
+        stop=SimpleNamespace(reason=None),
+        matches=idle,
+        learning=idle,
+        evals=SimpleNamespace(refs=lambda: [], fill=lambda stopping, spent: calls.append(("evals", (stopping, spent)))),
+        _stop_rollouts=lambda: calls.append(("stop_rollouts", None)),
+        _maybe_chaos=lambda: None,
+        watchdog=SimpleNamespace(poll=lambda: None),
+    )
+    Driver._loop(driver)  # type: ignore[arg-type]  # nothing in flight: one pass
+    if budget_left:
+        assert calls == [("fill", None), ("fill", None), ("evals", (False, False))]
+    else:
+        assert calls == [("stop_rollouts", None), ("evals", (False, True))]
+
+
 def _learner_steps(run_dir: Path, name: str = "metrics.jsonl", policy: str = "main") -> list[int]:
     records = read_metrics(run_dir / name)  # trained steps (a restarted learner may log its publish, trained 0)
     return [r["step"] for r in records if r["kind"] == "learner" and r["policy"] == policy and r.get("trained", 1)]

@@ -208,7 +208,7 @@ class Driver:
                 self.learning.fill()
             else:
                 self._stop_rollouts()
-            self.evals.fill(stopping=self.stop.reason is not None)
+            self.evals.fill(stopping=self.stop.reason is not None, spent=not running)
             self._maybe_chaos()
             self.watchdog.poll()
             pending = self.matches.refs() + self.learning.refs() + self.evals.refs()

@@ -7,9 +7,13 @@ start's "before" is never replaced), and the eval records that follow name the v
 (`eval/superseded`).
 
 A stopping run starts no new evaluation until its end, where the final version is evaluated on the
-same fixed games: the "after" of a before/after comparison. An evaluation whose call failed (its
-PolicyServer replica or the evaluator restarted under it) is on record as a fault and runs again, up
-to `evaluation.retries` times, before the next one: the step-0 "before" is not lost to a restart.
+same fixed games: the "after" of a before/after comparison. Once the training budget is spent, the
+evaluation in flight finishes, but no crossplay round starts and (with `evaluation.at_end`) no scheduled
+evaluation either: the final one measures a newer version, and its records name those it superseded.
+
+An evaluation whose call failed (its PolicyServer replica or the evaluator restarted under it) is on
+record as a fault and runs again, up to `evaluation.retries` times, before the next one: the step-0
+"before" is not lost to a restart.
 
 Each finished evaluation is also told to the league (`LeagueManager.observe_evaluation`): it tracks main's
 best version and runs the collapse guards; a guard that fires is a `fault` record here, a rollback the
@@ -75,21 +79,39 @@ class EvalSchedule:
 
     def on_step(self, version: str, step: int) -> None:
         if self.next_step is not None and step >= self.next_step:
-            replaced = [w for w in self.waiting if self.start_step is None or w[1] > self.start_step]
-            for entry in replaced:
-                self.waiting.remove(entry)
-            if replaced:
-                earlier = [v for old, *_ in replaced for v in [*self.superseded.pop(old, []), old] if v != version]
-                self.superseded[version] = [*self.superseded.get(version, []), *earlier]
+            self._supersede(version)
             self.waiting.append((version, step, 0))
             while self.next_step <= step:
                 self.next_step += self.config.every_steps
 
-    def fill(self, stopping: bool) -> None:
+    def _supersede(self, version: str) -> None:
+        """The waiting evaluations give way to `version`'s, whose eval records name them (the "before" stays)."""
+        replaced = [w for w in self.waiting if not self._is_before(w)]
+        for entry in replaced:
+            self.waiting.remove(entry)
+        earlier = [v for old, *_ in replaced for v in [*self.superseded.pop(old, []), old] if v != version]
+        if earlier:
+            self.superseded[version] = [*self.superseded.get(version, []), *earlier]
+
+    def _is_before(self, entry: tuple[str, int, int]) -> bool:
+        """Whether a waiting entry is the run's "before" (the start's evaluation, or a retry of it)."""
+        return self.start_step is not None and entry[1] <= self.start_step
+
+    def fill(self, stopping: bool, spent: bool = False) -> None:
+        """Start the next waiting evaluation, else a due crossplay round, when the evaluator is free.
+
+        `stopping` (a stop was requested): nothing new starts. `spent` (the training budget is out): no
+        crossplay round starts, and with `evaluation.at_end` no scheduled evaluation either: the final one
+        measures a newer version and names them as superseded. The run's "before" still runs.
+        """
         if self.running or self.crossplaying or stopping:
             return
-        if self.waiting:
-            self._submit(*self.waiting.pop(0))
+        if spent:
+            self.crossplay_due = None
+        runnable = [w for w in self.waiting if not (spent and self.config.at_end) or self._is_before(w)]
+        if runnable:
+            self.waiting.remove(runnable[0])
+            self._submit(*runnable[0])
         elif self.crossplay_due is not None:
             self._crossplay(self.crossplay_due)
             self.crossplay_due = None
@@ -247,6 +269,7 @@ class EvalSchedule:
         """Evaluate the final version now (waiting for it), unless it already was."""
         if not self.config.at_end or self.last_version == version:
             return
+        self._supersede(version)
         for attempt in range(self.config.retries + 1):
             if self._settle(self._submit(version, step, attempt)):
                 return

@@ -260,3 +260,32 @@ def test_the_before_evaluation_is_never_replaced(tmp_path: Path) -> None:
     schedule.on_step("main@v11", 10)
     schedule.on_step("main@v21", 20)
     assert schedule.waiting == [("main@v5", 4, 0), ("main@v21", 20, 0)]
+
+
+@pytest.mark.parametrize("at_end", [True, False])
+def test_once_the_budget_is_spent_the_final_evaluation_supersedes_the_waiting_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_end: bool
+) -> None:
+    """A budget-bounded run does not start an older version's evaluation after its training ends: the final
+    one measures a newer version and names the one it replaced. Without a final evaluation the waiting one
+    still runs."""
+    import ray
+
+    evaluator = FlakyEvaluator(failures=0)
+    monkeypatch.setattr(ray, "get", evaluator.get)
+    schedule, tracker, _ = _schedule(tmp_path, evaluator, every_steps=10, at_end=at_end)
+    schedule.start("main@v1", 0)
+    schedule.fill(stopping=False, spent=True)  # the "before" still runs, spent budget or not
+    (ref,) = schedule.refs()
+    schedule.handle(ref)
+    schedule.on_step("main@v11", 10)
+    schedule.fill(stopping=False, spent=True)
+    for ref in schedule.refs():
+        schedule.handle(ref)
+    schedule.final("main@v14", 14)
+    evals = [(v["version"], v.get("eval/superseded")) for kind, v, _ in tracker.lines if kind == "eval"]
+    if at_end:
+        assert evals == [("main@v1", None), ("main@v14", ["main@v11"])]
+    else:
+        assert evals == [("main@v1", None), ("main@v11", None)]
+    assert not schedule.waiting

@@ -131,6 +131,35 @@ def test_after_an_evaluation_the_schedule_plays_a_crossplay_round_into_the_payof
     assert record["league/crossplay_tag"] == "crossplay-step0"
 
 
+def test_no_crossplay_round_starts_once_the_training_budget_is_spent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from diprl.run.config import EvalScheduleConfig
+    from diprl.run.evaluations import EvalSchedule
+    from diprl.run.journal import Journal
+    from diprl.run.progress import RunStats
+    from diprl.run.rundir import Counters
+    from diprl.tracking import Tracker
+
+    use_stand_in_ray(monkeypatch)
+    league = _league(tmp_path)
+    evaluator = QuickEvaluator(EvaluatorConfig(pool=["bot:random"], plots=False, play=GAMES), tmp_path)
+    tracker = Tracker(tmp_path, {}, use_wandb=False)
+    evals = EvalSchedule(
+        Actor(evaluator), EvalScheduleConfig(), Journal(tmp_path, tracker, RunStats()), Counters(), league=Actor(league)
+    )
+    evals.start("main@v1", 0)
+    evals.fill(stopping=False)
+    (ref,) = evals.refs()
+    evals.handle(ref)  # the evaluation: a crossplay round is due
+    plan = league.crossplay_plan()["pairs"]
+    evals.fill(stopping=False, spent=True)
+    assert evals.refs() == [] and evals.crossplay_due is None
+    evals.fill(stopping=False)  # the round was dropped, not postponed
+    assert evals.refs() == [] and league.crossplay_plan()["pairs"] == plan
+    tracker.close()
+
+
 def test_a_round_keeps_each_pairs_first_games_as_replays_in_a_folder_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
