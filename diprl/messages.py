@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 BOT_PREFIX = "bot:"
 ZOO_PREFIX = "zoo:"
@@ -339,7 +339,8 @@ class TrainingRecord:
 class TrajectoryGroup:
     """The G forks of one exact decision state for one seat: the unit of GRPO comparison.
 
-    `group_id` is `<match_id>/<phase>/<power>`: the ledger delivers each id once.
+    `group_id` is `<match_id>/<phase>/<power>` (`#<k>` added for a match's later fork points): the ledger
+    delivers each id once.
     """
 
     group_id: str
@@ -377,18 +378,31 @@ class TrajectoryGroup:
         )
 
 
-def group_id(match_id: str, phase: str, power: str) -> str:
-    return f"{match_id}/{phase}/{power}"
+def group_id(match_id: str, phase: str, power: str, point: int = 0) -> str:
+    """`<match>/<phase>/<power>` for a match's first fork point; later ones (`episode.fork_points`) add `#<k>`."""
+    return f"{match_id}/{phase}/{power}" + (f"#{point}" if point else "")
 
 
-def group_seat(gid: str) -> tuple[str, str]:
-    """(match, power) of a `group_id`: a match yields at most one group per power (its one fork).
+class GroupSeat(NamedTuple):
+    match: str
+    power: str
+    point: int  # which of the match's fork points (0: the first)
 
-    A replayed match whose sampling went another way forks at another phase; its group is still the
+
+def group_seat(gid: str) -> GroupSeat:
+    """(match, power, fork point) of a `group_id`: a match yields at most one group per power at each of its
+    fork points.
+
+    A replayed match whose sampling went another way forks at another phase; its k-th group is still the
     same seat's. An id not made by `group_id` is its own seat.
     """
     parts = gid.rsplit("/", 2)
-    return (parts[0], parts[2]) if len(parts) == 3 else (gid, "")
+    if len(parts) != 3:
+        return GroupSeat(gid, "", 0)
+    power, _, point = parts[2].partition("#")
+    if point.isdigit() and int(point) > 0:
+        return GroupSeat(parts[0], power, int(point))
+    return GroupSeat(parts[0], parts[2], 0)
 
 
 # The seconds in `MatchReport.timings`: the match's own wall time (`play`, `deliver`) and its worker's

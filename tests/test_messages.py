@@ -228,3 +228,13 @@ def test_a_version_given_as_text_is_refused_by_name() -> None:
         TrainingRecord([1], [2], [0.0], {}, [1.0], "main@v3", 1.0, "FRANCE", "S1901M")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"StepReport\.published of main must be a PolicyRef"):
         StepReport("main", 1, True, None, published="main@v1")  # type: ignore[arg-type]
+
+
+def test_a_group_id_names_its_seat_and_fork_point() -> None:
+    from diprl.messages import GroupSeat, group_id, group_seat
+
+    assert group_id("m/1", "S1901M", "FRANCE") == "m/1/S1901M/FRANCE"  # the first fork point: ids as before
+    assert group_seat(group_id("m/1", "S1901M", "FRANCE")) == GroupSeat("m/1", "FRANCE", 0)
+    assert group_seat(group_id("m/1", "F1902M", "FRANCE", point=2)) == GroupSeat("m/1", "FRANCE", 2)
+    assert group_seat("m/S1901M/FRANCE#x") == GroupSeat("m", "FRANCE#x", 0)  # not ours: its own seat
+    assert group_seat("filler") == GroupSeat("filler", "", 0)

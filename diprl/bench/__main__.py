@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "league-value": "diprl.bench.league_value",
     "preload": "diprl.bench.preload",
     "cpu-lora": "diprl.bench.cpu_lora",
+    "fork-points": "diprl.bench.fork_points",
 }
 
 

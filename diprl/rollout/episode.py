@@ -6,6 +6,8 @@
 3. Advance to the next phase where the hero has a decision to fork: every movement phase, and a
    share (`adjustment_fork_share`) of its retreat, build and disband phases.
 4. Fork that state G times and play every fork to the horizon (`horizon_years` later, or the end).
+   With `fork_points` > 1, go on from one fork right after the forked phase to the hero's next decision
+   and fork again.
 5. Score and group: every seat in `Match.train` (the hero, and with `rollout.train_seats=learners`
    every seat the league filled with a learner's current version) that had a decision at the forked
    phase yields one `TrajectoryGroup` for its policy's learner: its G completions of the same state,
@@ -77,6 +79,10 @@ class EpisodeConfig:
     # forked phase the same orders in every fork, and later phases as nearly the same as the diverging
     # boards allow, so a group's returns differ by the compared decisions rather than by the dice.
     common_random_numbers: bool = True
+    # Decision states forked per match. The match goes on from one of a group's forks (drawn from the match's
+    # seed) as it stood right after the forked phase, to the hero's next decision, and forks that: a group
+    # after the first costs no start and no warmup (docs/rollouts.md). The results are the last group's.
+    fork_points: int = 1
 
     @property
     def played_temperature(self) -> float:
@@ -92,6 +98,8 @@ class EpisodeConfig:
             raise ValueError(f"episode.horizon_years must be >= 1, got {self.horizon_years}")
         if self.group_size < 1:
             raise ValueError(f"episode.group_size must be >= 1, got {self.group_size}")
+        if self.fork_points < 1:
+            raise ValueError(f"episode.fork_points must be >= 1, got {self.fork_points}")
         if self.untrained_temperature is not None and not 0.0 <= self.untrained_temperature < float("inf"):
             raise ValueError(
                 "episode.untrained_temperature must be finite and >= 0 (0: greedy) or null, "
@@ -146,26 +154,42 @@ class Episode:
             if game.is_done:
                 break
             self._count((yield [table]), match, out)
-        if not (yield from self._advance_to_decision(table, match, rng, out)):
-            return out  # no decision left for the hero (eliminated, or the game ended): nothing to train
+        next_table: Table | None = table
+        for point in range(cfg.fork_points):
+            if next_table is None or not (yield from self._advance_to_decision(next_table, match, rng, out)):
+                break  # no decision left for the hero (eliminated, or the game ended): nothing more to train
+            next_table = yield from self._fork_point(next_table, match, point, rng, out)
+        return out
 
-        forks = self._forks(game, match, bots, rng)
+    def _fork_point(
+        self, table: Table, match: Match, point: int, rng: random.Random, out: EpisodeOutput
+    ) -> Generator[Sequence[Table], Sequence[PhaseOutcome], Table | None]:
+        """Fork `table`'s game into a group, play the forks to the horizon, score them and add the groups,
+        the hero's returns and the match's results (the last fork point's stand) to `out`.
+
+        Returns where the match goes on when a fork point follows (None when none does): one of the
+        forks (drawn from the match's seed) as it stood right after the forked phase, with its own bots.
+        """
+        cfg = self.config
+        game = table.game
+        forks = self._forks(game, match, table.bots, rng)
+        keep = rng.randrange(len(forks)) if point + 1 < cfg.fork_points else None
         turns: list[dict[str, list[Turn]]] = [{} for _ in forks]
-        first = yield from self._play_to_horizon(forks, game.year + cfg.horizon_years, turns, match, out)
+        first, kept = yield from self._play_to_horizon(forks, game.year + cfg.horizon_years, turns, match, out, keep)
         # `game` is never stepped after forking: it is every fork's pre-state for the per-order scores.
         scored = dict.fromkeys((match.hero, *match.train))
         scores = {power: [self.rubric.score(game, f.game, power) for f in forks] for power in scored}
-        out.hero_returns = [s.total for s in scores[match.hero]]
+        out.hero_returns += [s.total for s in scores[match.hero]]
         out.results = [_match_result(match, i, f.game, len(forks)) for i, f in enumerate(forks)]
         advantages: dict[str, list[float | None]] = {}
         for power in match.train:
-            group, adv = self._group(match, power, game.phase, turns, scores[power], first, out)
+            group, adv = self._group(match, power, game.phase, point, turns, scores[power], first, out)
             advantages[power] = adv
             if group is not None:
                 out.groups.append(group)
-        if rng.random() < cfg.trace_fraction:
+        if rng.random() < cfg.trace_fraction and out.trace is None:
             out.trace = _trace(match, game.phase, forks, turns, scores, advantages)
-        return out
+        return kept
 
     # ---------------------------------------------------------------- stages
     def _start(self, rng: random.Random) -> DiplomacyGame:
@@ -219,16 +243,19 @@ class Episode:
         turns: list[dict[str, list[Turn]]],
         match: Match,
         out: EpisodeOutput,
-    ) -> Generator[Sequence[Table], Sequence[PhaseOutcome], list[dict[str, Turn]]]:
+        keep: int | None = None,
+    ) -> Generator[Sequence[Table], Sequence[PhaseOutcome], tuple[list[dict[str, Turn]], Table | None]]:
         """Every fork played to `horizon_year` (or its end); each seat's turns collected per fork.
 
-        Returns the turns of the forked phase itself (fork -> power -> turn): the decisions compared.
+        Returns the turns of the forked phase itself (fork -> power -> turn): the decisions compared; and,
+        for `keep`, a copy of that fork's table right after the forked phase, played as the warmup is.
         """
         first: list[dict[str, Turn]] = []
+        kept: Table | None = None
         while True:
             playing = [k for k, f in enumerate(forks) if not f.game.is_done and f.game.year < horizon_year]
             if not playing:
-                return first
+                return first, kept
             outcomes = yield [forks[k] for k in playing]
             self._count(outcomes, match, out)
             for k, outcome in zip(playing, outcomes, strict=True):
@@ -236,6 +263,10 @@ class Episode:
                     turns[k].setdefault(power, []).append(turn)
             if not first:
                 first = [dict(o.turns) for o in outcomes]
+                if keep is not None:
+                    chosen, cfg = forks[keep], self.config
+                    bots = copy.deepcopy(chosen.bots)
+                    kept = Table(chosen.game.fork(), match.seats, bots, cfg.played_temperature, cfg.max_tokens)
 
     def _count(self, outcomes: Sequence[PhaseOutcome], match: Match, out: EpisodeOutput) -> None:
         counts = out.counts
@@ -254,6 +285,7 @@ class Episode:
         match: Match,
         power: str,
         phase: str,
+        point: int,
         turns: Sequence[Mapping[str, list[Turn]]],
         scores: Sequence[RubricScore],
         first: Sequence[Mapping[str, Turn]],
@@ -295,7 +327,7 @@ class Episode:
         if not records:
             return None, per_fork
         group = TrajectoryGroup(
-            group_id=group_id(match.match_id, phase, power),
+            group_id=group_id(match.match_id, phase, power, point),
             match_id=match.match_id,
             power=power,
             phase=phase,

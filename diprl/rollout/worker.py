@@ -37,7 +37,7 @@ from ray.util.queue import Full, Queue
 
 from diprl.atomic_io import write_file_atomic
 from diprl.game.seating import game_seed, rotated_seats
-from diprl.messages import Match, MatchReport, TrajectoryGroup, group_seat
+from diprl.messages import GroupSeat, Match, MatchReport, TrajectoryGroup, group_seat
 from diprl.rollout.episode import Episode, EpisodeConfig, EpisodeOutput
 from diprl.rollout.lockstep import Job, LockstepStats, QueueSource, drive
 
@@ -116,7 +116,7 @@ class GroupLedger:
     store, and Ray cannot promise it survives until a restart (ray-project/ray#53727, an error-level
     line for every such actor); a name is a plain value.
 
-    Exactly once means one group per seat of a match (`group_seat`: match and power): a match replayed
+    Exactly once means one group per seat of a match and fork point (`group_seat`): a match replayed
     after its worker died is played again from its seed, but sampling need not repeat itself, and the
     replay may fork at another phase than the attempt that already delivered; its group is dropped all
     the same, and `delivered_for` names the one that went through.
@@ -132,8 +132,9 @@ class GroupLedger:
         self.queues: dict[str, Queue] | Queue = (
             {p: _queue(q) for p, q in queues.items()} if isinstance(queues, Mapping) else _queue(queues)
         )
-        self.accepted: dict[str, dict[str, str]] = {}  # match -> power -> the id accepted for that seat
-        self.in_flight: set[tuple[str, str]] = set()
+        # match -> (power, fork point) -> the id accepted for that seat
+        self.accepted: dict[str, dict[tuple[str, int], str]] = {}
+        self.in_flight: set[GroupSeat] = set()
         self.duplicates = 0
         self.unroutable = 0
         self.refused = 0
@@ -159,8 +160,8 @@ class GroupLedger:
         False at once, without putting, once the ledger is closed.
         """
         gid = group.group_id
-        seat = match, power = group_seat(gid)
-        if power in self.accepted.get(match, {}) or seat in self.in_flight:
+        seat = group_seat(gid)
+        if (seat.power, seat.point) in self.accepted.get(seat.match, {}) or seat in self.in_flight:
             self.duplicates += 1
             return False
         queue = self._queue_for(group)
@@ -193,13 +194,13 @@ class GroupLedger:
         delivery found an earlier attempt's put still waiting on a full queue, names the group that went
         through all the same, so the reports account for every queued group.
         """
-        while any(seat[0] == match_id for seat in self.in_flight):
+        while any(seat.match == match_id for seat in self.in_flight):
             await asyncio.sleep(SETTLE_POLL_S)
         return sorted(self.accepted.get(match_id, {}).values())
 
     def _remember(self, gid: str) -> None:
-        match, power = group_seat(gid)
-        self.accepted.setdefault(match, {}).setdefault(power, gid)
+        seat = group_seat(gid)
+        self.accepted.setdefault(seat.match, {}).setdefault((seat.power, seat.point), gid)
 
     def _accept(self, gid: str) -> None:
         self._remember(gid)

@@ -175,7 +175,7 @@ class MatchScheduler:
             self.counters.results += len(report.results)
         self.counters.groups += len(report.groups)
         for gid in report.groups:  # a group goes to the queue of the policy playing its seat
-            seat = playing.match.seats.get(group_seat(gid)[1])
+            seat = playing.match.seats.get(group_seat(gid).power)
             policy = seat.policy if seat is not None else ""
             self.counters.delivered[policy] = self.counters.delivered.get(policy, 0) + 1
         self.counters.completions += report.counts.completions

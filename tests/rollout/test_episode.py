@@ -316,3 +316,46 @@ def test_a_workers_reports_time_every_stage_and_count_each_second_of_its_loop_on
     assert all(set(r.timings) == set(MATCH_STAGES) and r.timings["play"] > 0 for r in reports)
     for stage in ("inference", "engine", "bots"):
         assert sum(r.timings[stage] for r in reports) == pytest.approx(worker.stats.seconds[stage])
+
+
+def test_each_fork_point_after_the_first_forks_the_next_decision_of_one_of_the_previous_forks() -> None:
+    """`fork_points=3`: after each group the match goes on from one of its forks as it stood right after the
+    forked phase, to the hero's next decision, and forks that. The first group is the one a single fork point
+    gives; the results are the last group's."""
+    from diprl.game.legal import PowerOrders
+    from diprl.messages import group_seat
+
+    seats = ("FRANCE", "GERMANY", "ITALY")
+    one = _run(_episode("fork", group_size=3), _match(4, main_seats=seats))
+    out = _run(_episode("fork", group_size=3, fork_points=3, trace_fraction=1.0), _match(4, main_seats=seats))
+    points: dict[int, list[Any]] = {}
+    for group in out.groups:
+        points.setdefault(group_seat(group.group_id).point, []).append(group)
+    assert sorted(points) == [0, 1, 2]
+    assert [(g.group_id, [r.completion_ids for r in g.records]) for g in points[0]] == [
+        (g.group_id, [r.completion_ids for r in g.records]) for g in one.groups
+    ]
+    # Warmup 0: spring 1901 is forked, then the autumn that one fork reached, then the spring after it (the
+    # winter's builds were not drawn); at the last point only Italy's forks differed.
+    assert [[g.group_id for g in points[k]] for k in (1, 2)] == [
+        ["t4/F1901M/FRANCE#1", "t4/F1901M/GERMANY#1", "t4/F1901M/ITALY#1"],
+        ["t4/S1902M/ITALY#2"],
+    ]
+    # The autumn forked is where one of the spring's forks stood: every seat's units as in that fork.
+    assert out.trace is not None and out.trace["decision_phase"] == "S1901M"
+    autumns = [
+        next(p["state"]["units"] for p in fork["replay"]["phases"] if p["name"] == "F1901M")
+        for fork in out.trace["forks"]
+    ]
+    forked = {g.power: sorted(PowerOrders.from_dict(g.records[0].legal).locs) for g in points[1]}
+    matching = [
+        units for units in autumns if all(sorted(u[2:] for u in units[p]) == locs for p, locs in forked.items())
+    ]
+    assert matching and len(matching) < len(autumns), "one fork's autumn, not every fork's"
+    for group in out.groups:
+        _check_records(group.records)
+    assert len(out.hero_returns) == 9 and out.hero_returns[:3] == one.hero_returns
+    assert len(out.results) == 3 and {r.final_phase for r in out.results} == {"S1903M"}
+    assert {r.final_phase for r in one.results} == {"S1902M"}
+    with pytest.raises(ValueError, match="fork_points"):
+        EpisodeConfig(fork_points=0)

@@ -201,7 +201,7 @@ def test_a_restarted_ledger_still_drops_groups_it_accepted(
 
     from diprl.rollout.worker import GroupLedger
 
-    queue = Queue(maxsize=4, actor_options={"name": "queue-restart-test"})
+    queue = Queue(maxsize=5, actor_options={"name": "queue-restart-test"})
     accepted = str(tmp_path / "ledger" / "accepted.txt")
     ledger = GroupLedger.remote({"main": "queue-restart-test"}, accepted)  # type: ignore[attr-defined]
     first = group_id("m7", "S1902M", "FRANCE")
@@ -214,9 +214,14 @@ def test_a_restarted_ledger_still_drops_groups_it_accepted(
     assert ray.get(ledger.deliver.remote(replay)) is False
     assert ray.get(ledger.delivered_for.remote("m7")) == [first]
     assert ray.get(ledger.deliver.remote(_group(group_id("m7", "F1903M", "ENGLAND")))) is True  # another seat
+    # The match's second fork point (`episode.fork_points`) is a seat of its own; its replay is dropped too.
+    second = group_id("m7", "S1903M", "FRANCE", point=1)
+    assert ray.get(ledger.deliver.remote(_group(second))) is True
+    assert ray.get(ledger.deliver.remote(_group(group_id("m7", "F1904M", "FRANCE", point=1)))) is False
+    assert ray.get(ledger.delivered_for.remote("m7")) == sorted([first, "m7/F1903M/ENGLAND", second])
     assert ray.get(ledger.deliver.remote(_group("b"))) is True
-    assert ray.get(ledger.stats.remote())["accepted"] == 4
-    assert [queue.get(timeout=5).group_id for _ in range(4)] == ["a", first, "m7/F1903M/ENGLAND", "b"]
+    assert ray.get(ledger.stats.remote())["accepted"] == 5
+    assert [queue.get(timeout=5).group_id for _ in range(5)] == ["a", first, "m7/F1903M/ENGLAND", second, "b"]
     # Queues passed by name: no object-store constructor argument for Ray to lose (ray-project/ray#53727).
     assert "constructor arguments in the object store" not in capfd.readouterr().err
 
