@@ -4,6 +4,7 @@ seeded, and the games reach the payoff once, so members that never met are measu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,15 +94,14 @@ class QuickEvaluator(Evaluator):
         )
 
 
-def test_after_an_evaluation_the_schedule_plays_a_crossplay_round_into_the_payoff(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _evaluated_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, LeagueManager, Any]:
+    """(schedule, league, tracker) right after the run's first evaluation: a crossplay round is due."""
     from diprl.run.config import EvalScheduleConfig
     from diprl.run.evaluations import EvalSchedule
     from diprl.run.journal import Journal
     from diprl.run.progress import RunStats
     from diprl.run.rundir import Counters
-    from diprl.tracking import Tracker, read_metrics
+    from diprl.tracking import Tracker
 
     use_stand_in_ray(monkeypatch)
     league = _league(tmp_path)
@@ -113,7 +113,17 @@ def test_after_an_evaluation_the_schedule_plays_a_crossplay_round_into_the_payof
     evals.start("main@v1", 0)
     evals.fill(stopping=False)
     (ref,) = evals.refs()
-    evals.handle(ref)  # the evaluation: a crossplay round is due
+    evals.handle(ref)
+    assert evals.crossplay_due == 0
+    return evals, league, tracker
+
+
+def test_after_an_evaluation_the_schedule_plays_a_crossplay_round_into_the_payoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from diprl.tracking import read_metrics
+
+    evals, league, tracker = _evaluated_once(tmp_path, monkeypatch)
     evals.fill(stopping=True)
     assert evals.refs() == []  # a stopping run starts none
     evals.fill(stopping=False)
@@ -134,24 +144,7 @@ def test_after_an_evaluation_the_schedule_plays_a_crossplay_round_into_the_payof
 def test_no_crossplay_round_starts_once_the_training_budget_is_spent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from diprl.run.config import EvalScheduleConfig
-    from diprl.run.evaluations import EvalSchedule
-    from diprl.run.journal import Journal
-    from diprl.run.progress import RunStats
-    from diprl.run.rundir import Counters
-    from diprl.tracking import Tracker
-
-    use_stand_in_ray(monkeypatch)
-    league = _league(tmp_path)
-    evaluator = QuickEvaluator(EvaluatorConfig(pool=["bot:random"], plots=False, play=GAMES), tmp_path)
-    tracker = Tracker(tmp_path, {}, use_wandb=False)
-    evals = EvalSchedule(
-        Actor(evaluator), EvalScheduleConfig(), Journal(tmp_path, tracker, RunStats()), Counters(), league=Actor(league)
-    )
-    evals.start("main@v1", 0)
-    evals.fill(stopping=False)
-    (ref,) = evals.refs()
-    evals.handle(ref)  # the evaluation: a crossplay round is due
+    evals, league, tracker = _evaluated_once(tmp_path, monkeypatch)
     plan = league.crossplay_plan()["pairs"]
     evals.fill(stopping=False, spent=True)
     assert evals.refs() == [] and evals.crossplay_due is None
