@@ -79,8 +79,9 @@ def test_the_adapters_benchmark_trains_one_host_and_separate_learners_to_the_sam
     }  # fmt: skip
     assert fields["adapter_parity"] == 0.0  # one torch thread an actor: the same steps to the bit
     assert 0.0 < fields["multi_adapter_memory_ratio"] < 1.0  # one process where two ran
+    # printed to 3 decimals: at a speedup of 0.245 (a loaded machine) that rounding alone is 1e-3 of it
     assert fields["multi_adapter_speedup"] == pytest.approx(
-        fields["multi_adapter_tokens_per_s"] / fields["separate_tokens_per_s"], rel=1e-3
+        fields["multi_adapter_tokens_per_s"] / fields["separate_tokens_per_s"], rel=1e-3, abs=5e-4
     )
     serial = {k: float(v) for k, v in (kv.split("=") for kv in lines[-2].split())}
     assert set(serial) == {"serial_host_tokens_per_s", "serial_host_speedup", "serial_host_memory_ratio"}
