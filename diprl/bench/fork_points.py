@@ -25,11 +25,12 @@ import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from diprl.console import add_console_flags, quiet_libraries
+from diprl.league.members import POWERS
 from diprl.messages import Match, parse_seats
 
-POWERS = ("AUSTRIA", "ENGLAND", "FRANCE", "GERMANY", "ITALY", "RUSSIA", "TURKEY")
 KINDS = ("exploiter", "bots")
 SEED = 4242
 
@@ -67,25 +68,41 @@ def league_matches(kind: str, n: int, seed: int = SEED) -> list[Match]:
     return out
 
 
-def measure(matches: Sequence[Match], fork_points: int, client_seed: int = 7) -> Cost:
-    """Play `matches` with the league experiment's episode at `fork_points`, a uniform policy in every LLM seat."""
+@dataclass(frozen=True)
+class LeagueEpisode:
+    """What the league experiment plays, built once: its episode, the model's tokenizer, its matches in flight."""
+
+    episode: Any  # diprl.rollout.episode.Episode
+    tokenizer: Any  # the uniform client returns prompt ids with it, as the server does: records are trainable
+    matches_in_flight: int
+
+
+def league_episode() -> LeagueEpisode:
+    """`+experiment=league`'s episode (warmup, forks, horizon, rewards) and a uniform policy for every LLM seat."""
     from diprl.policy.models import load_preset, preset_tokenizer_path
     from diprl.policy.tokenizer import load_tokenizer
-    from diprl.rollout.clients import UniformConstrainedClient
-    from diprl.rollout.episode import EpisodeOutput
-    from diprl.rollout.lockstep import IterSource, drive
     from diprl.rollout.worker import WorkerConfig, make_episode
     from diprl.run.config import compose_config
 
     config, _ = compose_config(["+experiment=league"])
     rollout = config.rollout
-    episode_config = replace(rollout.episode, fork_points=fork_points, trace_fraction=0.0)
+    episode_config = replace(rollout.episode, trace_fraction=0.0)
     episode = make_episode(WorkerConfig(episode=episode_config, reward=rollout.reward, model=config.model.name))
     tokenizer = load_tokenizer(preset_tokenizer_path(load_preset(config.model.name)))
-    client = UniformConstrainedClient(episode.table, seed=client_seed, tokenizer=tokenizer)  # prompt ids: trainable
+    return LeagueEpisode(episode, tokenizer, rollout.matches_in_flight)
+
+
+def measure(league: LeagueEpisode, matches: Sequence[Match], fork_points: int, client_seed: int = 7) -> Cost:
+    """Play `matches` with the league's episode at `fork_points`, a uniform policy in every LLM seat."""
+    from diprl.rollout.clients import UniformConstrainedClient
+    from diprl.rollout.episode import EpisodeOutput
+    from diprl.rollout.lockstep import IterSource, drive
+
+    episode = replace(league.episode, config=replace(league.episode.config, fork_points=fork_points))
+    client = UniformConstrainedClient(episode.table, seed=client_seed, tokenizer=league.tokenizer)
     outputs: list[EpisodeOutput] = []
     drive(
-        IterSource(episode.play(m) for m in matches), client, rollout.matches_in_flight, lambda _, o: outputs.append(o)
+        IterSource(episode.play(m) for m in matches), client, league.matches_in_flight, lambda _, o: outputs.append(o)
     )
     return Cost(
         matches=len(outputs),
@@ -116,12 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--matches and every --points must be >= 1")
     quiet_libraries(args.verbose)
     points = sorted({1, *args.points})
+    league = league_episode()
     costs: dict[str, dict[int, Cost]] = {}
     for kind in KINDS:
         matches = league_matches(kind, args.matches)
         costs[kind] = {}
         for p in points:
-            cost = costs[kind][p] = measure(matches, p)
+            cost = costs[kind][p] = measure(league, matches, p)
             per_group = cost.completions / max(cost.groups, 1)
             print(
                 f"{kind:9s} fork_points={p}: {cost.matches} matches, {cost.phases} phases, {cost.completions} "

@@ -148,8 +148,7 @@ class Episode:
         rng = random.Random(match.seed)
         out = EpisodeOutput()
         game = self._start(rng)
-        bots = bots_for(match, rng)
-        table = Table(game, match.seats, bots, cfg.played_temperature, cfg.max_tokens)
+        table = self._played(game, match, bots_for(match, rng))
         for _ in range(rng.randint(cfg.warmup_min_phases, cfg.warmup_max_phases)):
             if game.is_done:
                 break
@@ -192,6 +191,11 @@ class Episode:
         return kept
 
     # ---------------------------------------------------------------- stages
+    def _played(self, game: DiplomacyGame, match: Match, bots: Mapping[str, Agent]) -> Table:
+        """A table whose decisions are all played, none compared: the warmup's, and a match's way to its
+        next fork point."""
+        return Table(game, match.seats, bots, self.config.played_temperature, self.config.max_tokens)
+
     def _start(self, rng: random.Random) -> DiplomacyGame:
         cfg = self.config
         if self.start_states is not None and self.start_share > 0 and rng.random() < self.start_share:
@@ -264,9 +268,7 @@ class Episode:
             if not first:
                 first = [dict(o.turns) for o in outcomes]
                 if keep is not None:
-                    chosen, cfg = forks[keep], self.config
-                    bots = copy.deepcopy(chosen.bots)
-                    kept = Table(chosen.game.fork(), match.seats, bots, cfg.played_temperature, cfg.max_tokens)
+                    kept = self._played(forks[keep].game.fork(), match, copy.deepcopy(forks[keep].bots))
 
     def _count(self, outcomes: Sequence[PhaseOutcome], match: Match, out: EpisodeOutput) -> None:
         counts = out.counts

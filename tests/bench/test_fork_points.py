@@ -6,13 +6,14 @@ import math
 
 import pytest
 
-from diprl.bench.fork_points import Cost, league_matches, main, measure, savings
+from diprl.bench.fork_points import Cost, league_episode, league_matches, main, measure, savings
 
 
 def test_a_second_fork_point_adds_groups_for_less_than_a_match_costs(capsys: pytest.CaptureFixture[str]) -> None:
     matches = league_matches("bots", 4)
     assert [m.hero for m in matches] == ["AUSTRIA", "ENGLAND", "FRANCE", "GERMANY"]
-    one, two = measure(matches, 1), measure(matches, 2)
+    league = league_episode()
+    one, two = measure(league, matches, 1), measure(league, matches, 2)
     assert one.matches == two.matches == 4
     # The same matches: every group of the single fork point is there again, and more come after it.
     assert two.hero_groups > one.hero_groups and two.completions > one.completions
